@@ -1,0 +1,18 @@
+"""snip_ops: low-precision (FP8 / FP4) linear layers for training, with exact PyTorch references.
+
+Public surface (DESIGN.md §7): `linear`, `SnipLinear`, `convert`, `quantize` / `dequantize`,
+`formats`, `build_info`.
+"""
+
+from . import formats
+from ._ext import build_info
+from .formats import GemmRecipe, LinearPrecision, QuantSpec, Rounding, ScaleKind, recipe
+from .linear import linear
+from .module import SnipLinear, convert
+from .reference import QTensor, dequantize, fake_quantize
+from .quantize import quantize
+
+__all__ = [
+    "formats", "build_info", "GemmRecipe", "LinearPrecision", "QuantSpec", "Rounding", "ScaleKind", "recipe",
+    "linear", "SnipLinear", "convert", "QTensor", "quantize", "dequantize", "fake_quantize",
+]

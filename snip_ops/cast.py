@@ -1,0 +1,120 @@
+"""Element casts: FP32 values -> values of an `ElementFormat` -> codes, and back.
+
+This is the reference definition every kernel reproduces bit for bit. A finite FP32 value
+`|v| = M * 2^E_ulp` (M the 24-bit significand, or 23 bits for FP32 subnormals) is kept to the
+quantum `2^Q`, `Q = max(floor(log2|v|), emin) - man_bits`, by dropping `d = Q - E_ulp` low bits of M:
+
+* RNE:   round half to even on the dropped bits;
+* TRUNC: drop them (toward zero);
+* SR:    R = `fmt.sr_bits` random bits (the top R bits of the element's Philox word) are added
+         just below the kept LSB -- i.e. to the top R dropped bits -- and the carry, if any, rounds
+         away from zero. Dropped bits below those R are truncated.
+
+Results above `max_finite` saturate to it (all modes). NaN stays NaN; +-Inf stays +-Inf in formats
+with Inf and becomes NaN otherwise (formats without NaN have no code for either: callers that
+encode must handle non-finite blocks, as `quantize` does through the scale).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .formats import ElementFormat, Rounding
+
+__all__ = ["round_to_format", "encode", "decode"]
+
+
+def round_to_format(
+    v: torch.Tensor, fmt: ElementFormat, rounding: Rounding, words: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Round float32 `v` to the nearest values of `fmt` (as float32) under `rounding`.
+
+    `words` holds one 32-bit Philox word per element (int64, same shape) and is required for SR.
+    """
+    if v.dtype != torch.float32:
+        raise TypeError(f"round_to_format expects float32 values, got {v.dtype}")
+    rounding = Rounding(rounding)
+    if rounding == Rounding.SR and (words is None or words.shape != v.shape):
+        raise ValueError("stochastic rounding needs one random word per element")
+
+    bits = v.view(torch.int32).to(torch.int64)
+    mag = bits & 0x7FFFFFFF
+    e_field = mag >> 23
+    sig = torch.where(e_field == 0, mag & 0x7FFFFF, (mag & 0x7FFFFF) | 0x800000)
+    e_ulp = torch.where(e_field == 0, torch.full_like(e_field, -149), e_field - 150)
+    _, exp = torch.frexp(v)                       # |v| in [2^(exp-1), 2^exp)
+    q = torch.clamp(exp.to(torch.int64) - 1, min=fmt.emin) - fmt.man_bits
+    d = q - e_ulp
+
+    shift = d.clamp(0, 62)
+    kept = sig >> shift
+    rem = sig - (kept << shift)
+    if rounding == Rounding.RNE:
+        half = (1 << shift) >> 1
+        up = (rem > half) | ((rem == half) & (half > 0) & ((kept & 1) == 1))
+    elif rounding == Rounding.TRUNC:
+        up = torch.zeros_like(kept, dtype=torch.bool)
+    else:
+        r_bits = fmt.sr_bits
+        # The top R dropped bits, aligned as an R-bit fraction of one quantum.
+        top = torch.where(shift >= r_bits, rem >> (shift - r_bits).clamp(0, 62), rem << (r_bits - shift).clamp(0, 62))
+        rand = words.to(torch.int64) >> (32 - r_bits)
+        up = (top + rand) >= (1 << r_bits)
+
+    magnitude = torch.ldexp((kept + up.to(torch.int64)).to(torch.float64), q.to(torch.float64))
+    magnitude = torch.where(d > 0, magnitude, v.abs().to(torch.float64))
+    magnitude = magnitude.clamp(max=fmt.max_finite).to(torch.float32)
+    out = torch.where(bits < 0, -magnitude, magnitude)
+    # torch.where keeps -0.0 for negative zero inputs since -magnitude of 0.0 is -0.0.
+    if fmt.has_inf:
+        out = torch.where(torch.isinf(v), v, out)
+    else:
+        out = torch.where(torch.isinf(v), torch.full_like(v, float("nan")), out)
+    return torch.where(torch.isnan(v), v, out)
+
+
+def encode(y: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
+    """Codes (int64 bit patterns, sign at bit `fmt.bits - 1`) of values `y` already on `fmt`'s grid."""
+    m, width = fmt.man_bits, fmt.exp_bits + fmt.man_bits
+    sign = (y.view(torch.int32) < 0).to(torch.int64) << width
+    a = y.abs().to(torch.float64)
+    _, exp = torch.frexp(a)
+    e = (exp.to(torch.int64) - 1).clamp(min=fmt.emin)
+    normal = a >= fmt.min_normal
+    exp_field = torch.where(normal, e + fmt.bias, torch.zeros_like(e))
+    mant = torch.where(
+        normal,
+        torch.ldexp(a, (m - e).to(torch.float64)) - (1 << m),
+        torch.ldexp(a, torch.full_like(a, float(m - fmt.emin))),
+    ).round().to(torch.int64)
+    code = sign | (exp_field << m) | mant
+    top = (1 << fmt.exp_bits) - 1
+    if fmt.special == "fn":
+        nan_code = (1 << width) - 1
+    else:
+        nan_code = (top << m) | (1 << max(m - 1, 0))
+    code = torch.where(torch.isnan(y), sign | nan_code, code)
+    if fmt.has_inf:
+        code = torch.where(torch.isinf(y), sign | (top << m), code)
+    return code
+
+
+def decode(codes: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
+    """Float32 values of integer codes of `fmt` (the inverse of `encode`)."""
+    c = codes.to(torch.int64)
+    m, width = fmt.man_bits, fmt.exp_bits + fmt.man_bits
+    sign = (c >> width) & 1
+    exp_field = (c >> m) & ((1 << fmt.exp_bits) - 1)
+    mant = c & ((1 << m) - 1)
+    sub = exp_field == 0
+    scale_exp = torch.where(sub, torch.full_like(exp_field, fmt.emin), exp_field - fmt.bias) - m
+    sig = torch.where(sub, mant, mant | (1 << m))
+    a = torch.ldexp(sig.to(torch.float64), scale_exp.to(torch.float64))
+    top = (1 << fmt.exp_bits) - 1
+    if fmt.special == "ieee":
+        a = torch.where((exp_field == top) & (mant == 0), torch.full_like(a, float("inf")), a)
+        a = torch.where((exp_field == top) & (mant != 0), torch.full_like(a, float("nan")), a)
+    elif fmt.special == "fn":
+        a = torch.where((c & ((1 << width) - 1)) == (1 << width) - 1, torch.full_like(a, float("nan")), a)
+    a = a.to(torch.float32)
+    return torch.where(sign == 1, -a, a)

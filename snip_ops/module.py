@@ -1,0 +1,122 @@
+"""`SnipLinear` and `convert`: swap `nn.Linear` modules for low-precision ones.
+
+A `SnipLinear` has exactly `nn.Linear`'s parameters (so its state dict is an `nn.Linear` state
+dict) plus a `precision` attribute that can be changed between steps, a fixed SR `seed`, and a step
+counter that gives every forward a fresh SR offset. Seeds derive from the module's name, so every
+data-parallel rank rounds identically.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import zlib
+from typing import Callable, Mapping
+
+import torch
+from torch import nn
+
+from .formats import LinearPrecision
+from .linear import linear
+
+__all__ = ["SnipLinear", "convert", "plan_for", "DEFAULT_EXCLUDE"]
+
+# Embedding and output head stay high precision by default (DESIGN.md §4).
+DEFAULT_EXCLUDE = ("lm_head", "*.lm_head", "embed_tokens", "*.embed_tokens", "output", "*.output")
+
+PrecisionLike = LinearPrecision | str | Mapping[str, str] | None
+PlanLike = PrecisionLike | Mapping[str, PrecisionLike]
+
+
+class SnipLinear(nn.Linear):
+    """An `nn.Linear` whose three GEMMs run in `self.precision`."""
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, precision=None, seed=0):
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.precision = LinearPrecision.of(precision)
+        self.seed = int(seed)
+        # Not a buffer: it must neither enter the state dict nor move to the GPU (it is read on the host).
+        self.sr_step = torch.zeros((), dtype=torch.int64)
+
+    @classmethod
+    def from_linear(cls, lin: nn.Linear, precision=None, seed: int = 0) -> "SnipLinear":
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = lin.in_features, lin.out_features
+        new.weight, new.bias = lin.weight, lin.bias  # shared: no copy, same Parameters
+        new.precision = LinearPrecision.of(precision)
+        new.seed = int(seed)
+        new.sr_step = torch.zeros((), dtype=torch.int64)
+        return new
+
+    def set_precision(self, precision) -> None:
+        self.precision = LinearPrecision.of(precision)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.precision.is_bf16:
+            return nn.functional.linear(x, self.weight, self.bias)
+        offset = self.sr_step.clone()
+        self.sr_step.add_(1)
+        return linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, precision={self.precision}"
+
+
+def _matches(name: str, patterns) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def plan_for(name: str, plan: PlanLike) -> LinearPrecision:
+    """The precision a plan gives to module `name`: a single precision, or the first matching key of a
+    mapping {FQN or fnmatch pattern: precision} (exact names win over patterns); unmatched -> bf16."""
+    if plan is None or isinstance(plan, (str, LinearPrecision)):
+        return LinearPrecision.of(plan)
+    if isinstance(plan, Mapping) and set(plan) <= {"fprop", "dgrad", "wgrad"} and plan:
+        return LinearPrecision.of(plan)
+    if name in plan:
+        return LinearPrecision.of(plan[name])
+    for pattern, value in plan.items():
+        if fnmatch.fnmatchcase(name, pattern):
+            return LinearPrecision.of(value)
+    return LinearPrecision.of(None)
+
+
+def _seed_of(name: str) -> int:
+    return zlib.crc32(name.encode())
+
+
+def convert(
+    model: nn.Module,
+    plan: PlanLike = None,
+    filter_fn: Callable[[nn.Module, str], bool] | None = None,
+) -> nn.Module:
+    """Replace `nn.Linear` submodules by `SnipLinear` in place and return `model` (a new module when
+    `model` itself is an `nn.Linear`).
+
+    `plan`: None (bf16, switchable later), one precision for all, or {FQN or pattern: precision}.
+    `filter_fn(module, fqn)` chooses the modules to convert; by default every `nn.Linear` except the
+    embedding and the output head (`DEFAULT_EXCLUDE`). Already converted modules get the new plan.
+    Parameters are shared, not copied: optimizers built before the call keep working.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"convert expects an nn.Module, got {type(model).__name__}")
+    if filter_fn is None:
+        filter_fn = lambda mod, name: not _matches(name, DEFAULT_EXCLUDE)  # noqa: E731
+    if isinstance(plan, Mapping) and not set(plan) <= {"fprop", "dgrad", "wgrad"}:
+        names = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+        for key in plan:
+            if key not in names and not any(fnmatch.fnmatchcase(n, key) for n in names):
+                raise ValueError(f"plan entry {key!r} matches no linear layer of the model")
+    for name, mod in list(model.named_modules()):
+        if not isinstance(mod, nn.Linear) or not filter_fn(mod, name):
+            continue
+        precision = plan_for(name, plan)
+        if isinstance(mod, SnipLinear):
+            mod.set_precision(precision)
+            continue
+        if not name:  # the model itself is a linear layer
+            return SnipLinear.from_linear(mod, precision, seed=_seed_of(name))
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, SnipLinear.from_linear(mod, precision, seed=_seed_of(name)))
+    return model

@@ -1,0 +1,142 @@
+"""snip_ops.linear (reference path): bf16 equals F.linear, low-precision GEMMs equal the emulation on
+dequantized operands, SQNR floors per format, shapes, dtypes and errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from snip_ops import LinearPrecision, gemm, linear
+from snip_ops.formats import recipe
+from snip_ops.reference import fake_quantize
+
+# SQNR floors in dB against the float32 result, for (forward, input grad, weight grad) on N(0,1) data.
+SQNR_FLOORS = {
+    "fp8": (29, 26, 26),
+    "fp8_e5m2grad": (29, 22, 22),
+    "mxfp8": (29, 26, 26),
+    "nvfp4": (18, 13, 13),
+    "mxfp4": (17, 12, 12),
+    "fp4": (17, 12, 12),
+}
+
+
+def sqnr(actual, expected):
+    return (10 * torch.log10(expected.pow(2).sum() / (actual.float() - expected).pow(2).sum())).item()
+
+
+def _data(dtype=torch.float32, lead=(3, 41), k=300, n=190, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, k, generator=g).to(dtype).requires_grad_()
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype).requires_grad_()
+    b = torch.randn(n, generator=g).to(dtype).requires_grad_()
+    dy = torch.randn(*lead, n, generator=g).to(dtype)
+    return x, w, b, dy
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bf16_path_is_f_linear(dtype):
+    x, w, b, dy = _data(dtype)
+    for precision in (None, "bf16", LinearPrecision("bf16")):
+        y = linear(x, w, b, precision)
+        grads = torch.autograd.grad(y, (x, w, b), dy)
+        y0 = F.linear(x, w, b)
+        grads0 = torch.autograd.grad(y0, (x, w, b), dy)
+        assert torch.equal(y, y0)
+        for g, g0 in zip(grads, grads0):
+            assert torch.equal(g, g0)
+
+
+@pytest.mark.parametrize("name", list(SQNR_FLOORS))
+def test_low_precision_matches_emulation_and_sqnr_floor(name):
+    x, w, b, dy = _data()
+    y = linear(x, w, b, name, seed=7, offset=3)
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
+    r = recipe(name)
+    x2, dy2 = x.detach().reshape(-1, 300), dy.reshape(-1, 190)
+    # against the emulation on dequantized operands: the same numbers
+    assert torch.allclose(y.reshape(-1, 190), gemm.fprop(x2, w.detach(), r, 7, 3) + b.detach(), rtol=0, atol=1e-6)
+    assert torch.equal(dx.reshape(-1, 300), gemm.dgrad(dy2, w.detach(), r, 7, 3))
+    assert torch.equal(dw, gemm.wgrad(dy2, x2, r, 7, 3))
+    assert torch.allclose(db, dy2.sum(0))
+    # against an FP64 GEMM of the dequantized fprop operands
+    xq = fake_quantize(x2, r.act, seed=7, offset=3 * 8 + 0).double()
+    wq = fake_quantize(w.detach(), r.weight, seed=7, offset=3 * 8 + 1).double()
+    y64 = xq @ wq.t() + b.detach().double()
+    assert ((y.reshape(-1, 190).double() - y64).norm() / y64.norm()).item() < 1e-6
+    # quality against the unquantized float32 result
+    y0 = F.linear(x, w, b)
+    dx0, dw0, _ = torch.autograd.grad(y0, (x, w, b), dy)
+    floors = SQNR_FLOORS[name]
+    assert sqnr(y, y0) >= floors[0] and sqnr(dx, dx0) >= floors[1] and sqnr(dw, dw0) >= floors[2]
+
+
+def test_each_gemm_uses_its_own_precision():
+    x, w, b, dy = _data()
+    mixed = LinearPrecision(fprop="fp8", dgrad="fp4", wgrad="bf16")
+    y = linear(x, w, None, mixed)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    fp8_y = linear(x, w, None, "fp8")
+    assert torch.equal(y, fp8_y)
+    dx_fp4, _ = torch.autograd.grad(linear(x, w, None, "fp4"), (x, w), dy)
+    assert torch.equal(dx, dx_fp4)
+    _, dw_ref = torch.autograd.grad(F.linear(x, w), (x, w), dy)
+    assert torch.allclose(dw, dw_ref, atol=1e-5)
+
+
+def test_bf16_inputs_give_bf16_outputs_and_grads():
+    x, w, b, dy = _data(torch.bfloat16)
+    y = linear(x, w, b, "fp8")
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
+    assert y.dtype == dx.dtype == dw.dtype == db.dtype == torch.bfloat16
+    y0 = F.linear(x.float(), w.float(), b.float())
+    assert sqnr(y, y0) > 25
+
+
+def test_sr_offsets_change_gradients_not_forward():
+    x, w, b, dy = _data()
+    outs = []
+    for offset in (0, 1):
+        y = linear(x, w, None, "fp4", seed=1, offset=offset)
+        outs.append((y, *torch.autograd.grad(y, (x, w), dy)))
+    assert torch.equal(outs[0][0], outs[1][0])  # activations and weights use RNE in fp4
+    assert not torch.equal(outs[0][1], outs[1][1]) and not torch.equal(outs[0][2], outs[1][2])
+    y = linear(x, w, None, "fp4", seed=1, offset=torch.tensor(1))
+    assert torch.equal(torch.autograd.grad(y, (x, w), dy)[1], outs[1][2])
+
+
+def test_shapes_1d_and_empty():
+    w = torch.randn(8, 40)
+    assert linear(torch.randn(40), w, None, "fp8").shape == (8,)
+    assert linear(torch.randn(0, 40), w, None, "fp8").shape == (0, 8)
+    assert linear(torch.randn(2, 3, 5, 40), w, None, "mxfp4").shape == (2, 3, 5, 8)
+
+
+def test_no_grad_for_frozen_weight():
+    x, w, b, dy = _data()
+    w = w.detach()
+    y = linear(x, w, None, "fp8")
+    (dx,) = torch.autograd.grad(y, (x,), dy)
+    assert dx.shape == x.shape
+
+
+def test_bad_inputs():
+    x, w = torch.randn(4, 16), torch.randn(8, 16)
+    with pytest.raises(ValueError, match="last dimension"):
+        linear(torch.randn(4, 15), w, None, "fp8")
+    with pytest.raises(ValueError, match="2-D"):
+        linear(x, torch.randn(8, 16, 1), None, "fp8")
+    with pytest.raises(TypeError, match="same dtype"):
+        linear(x, w.double().float().bfloat16(), None, "fp8")
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
+        linear(x.long(), w, None, "fp8")
+    with pytest.raises(ValueError, match="b must have shape"):
+        linear(x, w, torch.randn(7), "fp8")
+    with pytest.raises(ValueError, match="unknown precision 'fp3'"):
+        linear(x, w, None, "fp3")
+    with pytest.raises(ValueError, match="unknown GEMM"):
+        LinearPrecision.of({"forward": "fp8"})
+    with pytest.raises(TypeError, match="recipe name"):
+        LinearPrecision(3)
+    if torch.device("meta") != x.device:
+        with pytest.raises(ValueError, match="is on meta"):
+            linear(x, w.to("meta"), None, "fp8")

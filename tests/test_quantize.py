@@ -1,0 +1,221 @@
+"""Block quantization (reference): scale rules, codes vs torch/ml_dtypes casts, padding, layouts, errors."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import snip_ops
+from snip_ops.formats import E2M1, E4M3, E5M2, QuantSpec, Rounding, ScaleKind, exmy
+from snip_ops.reference import dequantize, fake_quantize, quantize, unpack_codes
+
+SPECS = {
+    "fp8_1x128": QuantSpec(E4M3, (1, 128)),
+    "fp8_128x128": QuantSpec(E4M3, (128, 128)),
+    "e5m2_pow2": QuantSpec(E5M2, (1, 128), ScaleKind.POW2),
+    "fp8_tensorwise": QuantSpec(E4M3, (0, 0)),
+    "fp8_rowwise": QuantSpec(E4M3, (1, 0)),
+    "mxfp8": QuantSpec(E4M3, (1, 32), ScaleKind.E8M0),
+    "nvfp4": QuantSpec(E2M1, (1, 16), ScaleKind.NVFP4),
+    "nvfp4_16x16": QuantSpec(E2M1, (16, 16), ScaleKind.NVFP4),
+    "mxfp4": QuantSpec(E2M1, (1, 32), ScaleKind.E8M0),
+    "fp4_1x128": QuantSpec(E2M1, (1, 128)),
+    "fp4_128x128_sr": QuantSpec(E2M1, (128, 128), rounding=Rounding.SR),
+    "e3m2_sr": QuantSpec(exmy(3, 2, "none"), (1, 32), ScaleKind.E8M0, Rounding.SR),
+    "e8m3_none": QuantSpec(exmy(8, 3), (1, 1), ScaleKind.NONE),
+}
+SHAPES = [(1, 1), (7, 129), (33, 300), (130, 257), (0, 5), (4, 0)]
+
+
+def _same(a, b):
+    return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_dequantize_of_quantize_equals_fake_quantize(name, shape):
+    spec = SPECS[name]
+    x = torch.randn(shape) * 10
+    q = quantize(x, spec, seed=1, offset=2)
+    assert q.shape == shape
+    d = dequantize(q)
+    assert d.shape == shape and d.dtype == torch.float32
+    assert _same(d, fake_quantize(x, spec, seed=1, offset=2))
+    if x.numel():
+        err = (d - x).norm() / x.norm()
+        assert err < 2.0 ** -spec.element.man_bits  # half an ulp, doubled for subnormal tails
+
+
+@pytest.mark.parametrize("name", ["fp8_1x128", "fp8_128x128", "e5m2_pow2", "fp8_tensorwise", "fp8_rowwise"])
+def test_fp8_codes_are_torch_casts_of_scaled_values(name):
+    spec = SPECS[name]
+    x = torch.randn(70, 300) * torch.logspace(-3, 3, 300)
+    q = quantize(x, spec)
+    br, bc = spec.block[0] or 70, spec.block[1] or 300
+    amax = torch.nn.functional.pad(x.abs(), (0, -300 % bc, 0, -70 % br)).reshape(-(-70 // br), br, -(-300 // bc), bc).amax((1, 3))
+    scale = amax / spec.element.max_finite
+    if spec.scale == ScaleKind.POW2:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    assert torch.equal(q.scales, scale)
+    s = scale.repeat_interleave(br, 0).repeat_interleave(bc, 1)[:70, :300]
+    dtype = torch.float8_e4m3fn if spec.element == E4M3 else torch.float8_e5m2
+    expected = (x / s).clamp(-spec.element.max_finite, spec.element.max_finite).to(dtype)
+    assert torch.equal(q.codes.view(torch.uint8), expected.view(torch.uint8))
+
+
+def test_e8m0_scales_match_torch_and_ml_dtypes():
+    x = torch.randn(9, 96) * torch.logspace(-20, 20, 9)[:, None]
+    q = quantize(x, SPECS["mxfp8"])
+    assert q.scales.dtype == torch.float8_e8m0fnu
+    s = q.scales.float()
+    amax = x.abs().reshape(9, 3, 32).amax(-1)
+    assert torch.equal(s, torch.exp2(torch.ceil(torch.log2(amax / 448.0))))
+    np_scales = s.numpy().astype(ml_dtypes.float8_e8m0fnu)
+    assert np.array_equal(np_scales.view(np.uint8), q.scales.view(torch.uint8).numpy())
+    # the scaled amax never exceeds the element maximum: no saturation with E8M0 "round up" scales
+    assert (amax / s <= 448).all()
+
+
+def test_fp4_packing_low_nibble_first_and_odd_width():
+    x = torch.tensor([[1.0, -2.0, 6.0, 0.5, 3.0]])
+    q = quantize(x, QuantSpec(E2M1, (1, 0), ScaleKind.FP32))
+    # scale 1 (amax 6): codes 1.0 -> 0x2, -2.0 -> 0xC, 6.0 -> 0x7, 0.5 -> 0x1, 3.0 -> 0x5, pad 0
+    assert q.codes.dtype == torch.uint8 and q.codes.tolist() == [[0xC2, 0x17, 0x05]]
+    assert unpack_codes(q).tolist() == [[0x2, 0xC, 0x7, 0x1, 0x5]]
+    np_codes = x.numpy().astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0xF
+    assert unpack_codes(q).numpy().tolist() == np_codes.tolist()
+
+
+def test_fp4_packing_matches_torch_float4_x2_layout():
+    x = torch.randn(4, 32)
+    q = quantize(x, SPECS["mxfp4"])
+    packed = q.codes.view(torch.float4_e2m1fn_x2)
+    assert packed.shape == (4, 16)
+    assert torch.equal(packed.view(torch.uint8), q.codes)
+
+
+def test_nvfp4_two_level_scales():
+    x = torch.randn(8, 64) * 3
+    x[2, :16] = 0
+    q = quantize(x, SPECS["nvfp4"])
+    t = x.abs().amax() / (448 * 6)
+    assert torch.equal(q.tensor_scale, t)
+    assert q.scales.dtype == torch.float8_e4m3fn
+    b = (x.abs().reshape(8, 4, 16).amax(-1) / (t * 6)).to(torch.float8_e4m3fn).float()
+    b[2, 0] = 1.0  # all-zero block
+    assert torch.equal(q.scales.float(), b)
+    assert (q.dequantize()[2, :16] == 0).all()
+    # an explicit tensor amax (e.g. from a previous step) is honoured
+    q2 = quantize(x, SPECS["nvfp4"], tensor_amax=2 * x.abs().amax())
+    assert torch.equal(q2.tensor_scale, 2 * x.abs().amax() / (448 * 6))
+
+
+def test_nvfp4_tiny_block_keeps_a_nonzero_scale():
+    x = torch.ones(1, 32)
+    x[0, 16:] = 1e-12
+    q = quantize(x, SPECS["nvfp4"])
+    assert q.scales.float()[0, 1] == E4M3.min_subnormal
+
+
+@pytest.mark.parametrize("name", ["fp8_1x128", "mxfp4", "fp4_1x128", "nvfp4"])
+def test_zero_blocks_get_scale_one(name):
+    x = torch.zeros(3, 256)
+    q = quantize(x, SPECS[name])
+    assert (q.scales.float() == 1).all() and (q.dequantize() == 0).all()
+
+
+@pytest.mark.parametrize("name", ["fp8_1x128", "fp8_128x128", "mxfp8", "mxfp4", "fp4_1x128"])
+def test_non_finite_blocks_become_nan_never_finite(name):
+    spec = SPECS[name]
+    x = torch.randn(4, 256)
+    x[1, 5] = float("nan")
+    x[2, 200] = float("inf")
+    q = quantize(x, spec)
+    d = q.dequantize()
+    br, bc = spec.block
+    assert torch.isnan(d[1, 5]) and torch.isnan(d[2, 200])
+    bad_nan = torch.isnan(d)
+    if br == 1:  # exactly the blocks holding NaN/Inf are NaN, the rest are finite
+        start = 200 // bc * bc
+        assert bad_nan[1, :bc].all() and bad_nan[2, start:start + bc].all()
+        assert bad_nan.sum() == 2 * bc
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        quantize(x, spec, checked=True)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        snip_ops.quantize(x, spec, checked=True)
+
+
+def test_huge_and_tiny_magnitudes():
+    x = torch.tensor([[3e38, -1e-38, 1.0, 1e-45] + [0.0] * 124, [1e-30] * 128])
+    q = quantize(x, SPECS["fp8_1x128"])
+    d = q.dequantize()
+    assert torch.isfinite(d).all()
+    assert d[0, 0] == pytest.approx(3e38, rel=0.07) and d[1, 0] == pytest.approx(1e-30, rel=0.07)
+
+
+@pytest.mark.parametrize("name", ["fp8_1x128", "mxfp4", "fp4_128x128_sr", "nvfp4"])
+def test_transpose_variant(name):
+    spec = SPECS[name]
+    x = torch.randn(45, 150)
+    qt = quantize(x, spec, seed=3, offset=4, transpose=True)
+    assert qt.shape == (150, 45)
+    if spec.rounding == Rounding.RNE:
+        ref = quantize(x.t().contiguous(), spec)
+        assert torch.equal(unpack_codes(qt), unpack_codes(ref))
+        assert torch.equal(qt.scales.float(), ref.scales.float())
+    else:  # SR words belong to the input element: the transposed copy of x uses x's linear index
+        words_equal = quantize(x, spec, seed=3, offset=4).dequantize().t()
+        ref_t = quantize(x.t().contiguous(), spec, seed=3, offset=4).dequantize()
+        assert torch.equal(words_equal, qt.dequantize())
+        assert not torch.equal(ref_t, qt.dequantize())
+
+
+def test_square_blocks_serve_w_and_w_transposed():
+    w = torch.randn(200, 300)
+    for spec in (SPECS["fp8_128x128"], QuantSpec(E2M1, (128, 128))):
+        q = quantize(w, spec)
+        assert torch.equal(q.t().dequantize(), quantize(w, spec, transpose=True).dequantize())
+    with pytest.raises(ValueError, match="square"):
+        quantize(w, SPECS["fp8_1x128"]).t()
+
+
+def test_bf16_and_fp16_inputs_equal_their_float32_values():
+    x = torch.randn(16, 128).to(torch.bfloat16)
+    for spec in (SPECS["fp8_1x128"], SPECS["nvfp4"]):
+        assert torch.equal(quantize(x, spec).dequantize(), quantize(x.float(), spec).dequantize())
+    h = torch.randn(16, 128).half()
+    assert torch.equal(quantize(h, SPECS["mxfp8"]).dequantize(), quantize(h.float(), SPECS["mxfp8"]).dequantize())
+
+
+def test_non_contiguous_input_is_accepted():
+    x = torch.randn(64, 256)[:, ::2]
+    assert torch.equal(quantize(x, SPECS["fp8_1x128"]).dequantize(), quantize(x.contiguous(), SPECS["fp8_1x128"]).dequantize())
+
+
+def test_bad_inputs():
+    spec = SPECS["fp8_1x128"]
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
+        quantize(torch.ones(2, 2, dtype=torch.int32), spec)
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
+        quantize(torch.ones(2, 2, dtype=torch.float64), spec)
+    with pytest.raises(ValueError, match="2-D"):
+        quantize(torch.ones(2, 2, 2), spec)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        quantize([[1.0]], spec)
+    with pytest.raises(TypeError, match="QuantSpec"):
+        quantize(torch.ones(2, 2), "fp8")
+    with pytest.raises(ValueError, match="nvfp4"):
+        QuantSpec(E4M3, (1, 16), ScaleKind.NVFP4)
+    with pytest.raises(ValueError, match="block"):
+        QuantSpec(E4M3, (-1, 16))
+    with pytest.raises(ValueError, match="tensor_amax"):
+        quantize(torch.ones(2, 2), spec, tensor_amax=1.0)
+    with pytest.raises(ValueError):
+        QuantSpec(E4M3, (1, 32), "e9m0")
+
+
+def test_spec_string_round_trip():
+    for spec in SPECS.values():
+        assert QuantSpec.parse(spec.describe()) == spec
+    with pytest.raises(ValueError, match="cannot parse"):
+        QuantSpec.parse("e4m3-1x128")

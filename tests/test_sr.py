@@ -1,0 +1,89 @@
+"""Stochastic rounding: exact unbiasedness over the whole R-bit random space, neighbours only,
+determinism and stream separation."""
+
+import math
+
+import pytest
+import torch
+
+from snip_ops.cast import round_to_format
+from snip_ops.formats import BF16, E2M1, E4M3, E5M2, Rounding, exmy
+from snip_ops.reference import quantize
+from snip_ops.formats import QuantSpec, ScaleKind
+
+FORMATS = [E4M3, E5M2, E2M1, BF16, exmy(3, 2)]
+
+
+def _all_words(r_bits: int) -> torch.Tensor:
+    # Every R-bit value, placed in the top R bits of a 32-bit word (the bits SR reads).
+    return torch.arange(1 << r_bits, dtype=torch.int64) << (32 - r_bits)
+
+
+def _inputs(fmt, n=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    lo, hi = math.log2(fmt.min_normal), math.log2(fmt.max_finite)
+    normal = torch.exp2(torch.empty(n).uniform_(lo, hi, generator=gen)) * torch.sign(torch.randn(n, generator=gen))
+    # target subnormals whose dropped part still fits in R bits (they sit on a 2^-R-of-a-quantum grid)
+    sub_q = fmt.min_subnormal
+    sub = torch.tensor([sub_q * 0.25, sub_q * 1.75, -sub_q * 0.5 + sub_q * 2.0 ** -fmt.sr_bits])
+    return torch.cat([normal, sub]).float()
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_sr_over_the_whole_random_bit_space(fmt):
+    """Enumerating all 2^R random values: E[SR(x)] == x exactly, results are the two neighbours of x,
+    and x rounds up with probability (x - down) / (up - down)."""
+    words = _all_words(fmt.sr_bits)
+    for v in _inputs(fmt).tolist():
+        x = torch.full(words.shape, v, dtype=torch.float32)
+        out = round_to_format(x, fmt, Rounding.SR, words)
+        assert out.double().sum().item() / words.numel() == v
+        down = round_to_format(x[:1], fmt, Rounding.TRUNC).item()
+        values = torch.unique(out).tolist()
+        assert len(values) <= 2 and down in values
+        if len(values) == 2:
+            up = values[0] if values[1] == down else values[1]
+            p_up = (out == up).double().mean().item()
+            assert p_up == (v - down) / (up - down)
+
+
+def test_sr_exact_values_never_move():
+    words = torch.randint(0, 2**32, (256,), dtype=torch.int64)
+    for fmt in FORMATS:
+        grid = torch.tensor([0.0, -0.0, fmt.min_subnormal, -fmt.min_normal, fmt.max_finite, 1.0]).float()
+        x = grid.repeat(256 // 6 + 1)[:256]
+        assert torch.equal(round_to_format(x, fmt, Rounding.SR, words), x)
+
+
+def test_sr_saturates_like_rne():
+    words = torch.full((2,), 0xFFFFFFFF, dtype=torch.int64)
+    out = round_to_format(torch.tensor([447.9, -448.0]), E4M3, Rounding.SR, words)
+    assert out.tolist() == [448.0, -448.0]
+
+
+def test_sr_deep_subnormal_truncates_below_r_bits():
+    # Far below the smallest subnormal the dropped part is longer than R: probability is kept to 2^-R.
+    fmt = E4M3
+    words = _all_words(fmt.sr_bits)
+    tiny = fmt.min_subnormal * 2.0 ** -(fmt.sr_bits + 2)
+    out = round_to_format(torch.full(words.shape, tiny, dtype=torch.float32), fmt, Rounding.SR, words)
+    assert (out == 0).all()
+
+
+def test_quantize_sr_determinism_and_offsets():
+    x = torch.randn(33, 200)
+    spec = QuantSpec(E2M1, (1, 32), ScaleKind.E8M0, Rounding.SR)
+    a = quantize(x, spec, seed=5, offset=9)
+    assert torch.equal(a.codes, quantize(x, spec, seed=5, offset=9).codes)
+    b = quantize(x, spec, seed=5, offset=10)
+    c = quantize(x, spec, seed=6, offset=9)
+    assert not torch.equal(a.codes, b.codes) and not torch.equal(a.codes, c.codes)
+    assert torch.equal(a.scales.view(torch.uint8), b.scales.view(torch.uint8))
+
+
+def test_quantize_sr_is_unbiased_statistically():
+    x = torch.randn(64, 128)
+    spec = QuantSpec(E2M1, (1, 128), ScaleKind.FP32, Rounding.SR)
+    mean = torch.stack([quantize(x, spec, seed=0, offset=k).dequantize() for k in range(200)]).mean(0)
+    rne_err = (quantize(x, spec.with_rounding("rne")).dequantize() - x).abs().mean()
+    assert (mean - x).abs().mean() < rne_err / 5
