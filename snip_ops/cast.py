@@ -23,6 +23,8 @@ from .formats import ElementFormat, Rounding
 
 __all__ = ["round_to_format", "encode", "decode"]
 
+_EXPONENT_FIELD = 0x7F800000
+
 
 def round_to_format(
     v: torch.Tensor, fmt: ElementFormat, rounding: Rounding, words: torch.Tensor | None = None
@@ -30,6 +32,14 @@ def round_to_format(
     """Round float32 `v` to the nearest values of `fmt` (as float32) under `rounding`.
 
     `words` holds one 32-bit Philox word per element (int64, same shape) and is required for SR.
+
+    Computed in float32 without leaving the value domain: the quantum `q = 2^Q` comes from v's
+    exponent field (FP32 subnormals and zeros read as 0 and take the quantum of 2^emin), so
+    `t = |v| / q` is exact -- its integer part is the kept significand, its fraction the dropped
+    bits -- and the rounding rule acts on `t`. `floor(frac(t) * 2^R)` is exactly the top R dropped
+    bits, so SR is the integer rule of the module docstring (tests/test_cast.py checks it against an
+    int64 bit-manipulation oracle). Needs gradual underflow (PyTorch's default; not
+    `torch.set_flush_denormal(True)`).
     """
     if v.dtype != torch.float32:
         raise TypeError(f"round_to_format expects float32 values, got {v.dtype}")
@@ -37,40 +47,24 @@ def round_to_format(
     if rounding == Rounding.SR and (words is None or words.shape != v.shape):
         raise ValueError("stochastic rounding needs one random word per element")
 
-    bits = v.view(torch.int32).to(torch.int64)
-    mag = bits & 0x7FFFFFFF
-    e_field = mag >> 23
-    sig = torch.where(e_field == 0, mag & 0x7FFFFF, (mag & 0x7FFFFF) | 0x800000)
-    e_ulp = torch.where(e_field == 0, torch.full_like(e_field, -149), e_field - 150)
-    _, exp = torch.frexp(v)                       # |v| in [2^(exp-1), 2^exp)
-    q = torch.clamp(exp.to(torch.int64) - 1, min=fmt.emin) - fmt.man_bits
-    d = q - e_ulp
-
-    shift = d.clamp(0, 62)
-    kept = sig >> shift
-    rem = sig - (kept << shift)
+    # Inf/NaN give q = Inf, hence t = NaN, which stays NaN to the end (Inf is restored below).
+    pow2_floor = (v.view(torch.int32) & _EXPONENT_FIELD).view(torch.float32)
+    q = pow2_floor.clamp(min=fmt.min_normal) * 2.0 ** -fmt.man_bits
+    t = v.abs() / q
     if rounding == Rounding.RNE:
-        half = (1 << shift) >> 1
-        up = (rem > half) | ((rem == half) & (half > 0) & ((kept & 1) == 1))
+        k = torch.round(t)  # half to even
     elif rounding == Rounding.TRUNC:
-        up = torch.zeros_like(kept, dtype=torch.bool)
+        k = torch.floor(t)
     else:
         r_bits = fmt.sr_bits
-        # The top R dropped bits, aligned as an R-bit fraction of one quantum.
-        top = torch.where(shift >= r_bits, rem >> (shift - r_bits).clamp(0, 62), rem << (r_bits - shift).clamp(0, 62))
-        rand = words.to(torch.int64) >> (32 - r_bits)
-        up = (top + rand) >= (1 << r_bits)
-
-    magnitude = torch.ldexp((kept + up.to(torch.int64)).to(torch.float64), q.to(torch.float64))
-    magnitude = torch.where(d > 0, magnitude, v.abs().to(torch.float64))
-    magnitude = magnitude.clamp(max=fmt.max_finite).to(torch.float32)
-    out = torch.where(bits < 0, -magnitude, magnitude)
-    # torch.where keeps -0.0 for negative zero inputs since -magnitude of 0.0 is -0.0.
+        k = torch.floor(t)
+        top = torch.floor((t - k) * float(1 << r_bits))
+        rand = (words.to(torch.int64) >> (32 - r_bits)).to(torch.float32)
+        k = k + ((top + rand) >= float(1 << r_bits)).to(torch.float32)
+    out = torch.copysign((k * q).clamp(max=fmt.max_finite), v)
     if fmt.has_inf:
         out = torch.where(torch.isinf(v), v, out)
-    else:
-        out = torch.where(torch.isinf(v), torch.full_like(v, float("nan")), out)
-    return torch.where(torch.isnan(v), v, out)
+    return out
 
 
 def encode(y: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:

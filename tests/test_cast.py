@@ -45,6 +45,49 @@ def _same(a, b):
     )
 
 
+def _round_by_bits(v, fmt, rounding, words=None):
+    """The cast rule written on integer bit patterns (int64), exactly as the module docstring of
+    snip_ops.cast states it: the specification the float32 implementation must meet."""
+    bits = v.view(torch.int32).to(torch.int64)
+    mag = bits & 0x7FFFFFFF
+    e_field = mag >> 23
+    sig = torch.where(e_field == 0, mag & 0x7FFFFF, (mag & 0x7FFFFF) | 0x800000)
+    e_ulp = torch.where(e_field == 0, torch.full_like(e_field, -149), e_field - 150)
+    _, exp = torch.frexp(v)
+    q = torch.clamp(exp.to(torch.int64) - 1, min=fmt.emin) - fmt.man_bits
+    shift = (q - e_ulp).clamp(0, 62)
+    kept = sig >> shift
+    rem = sig - (kept << shift)
+    if rounding == Rounding.RNE:
+        half = (1 << shift) >> 1
+        up = (rem > half) | ((rem == half) & (half > 0) & ((kept & 1) == 1))
+    elif rounding == Rounding.TRUNC:
+        up = torch.zeros_like(kept, dtype=torch.bool)
+    else:
+        r = fmt.sr_bits
+        top = torch.where(shift >= r, rem >> (shift - r).clamp(0, 62), rem << (r - shift).clamp(0, 62))
+        up = (top + (words >> (32 - r))) >= (1 << r)
+    magnitude = torch.ldexp((kept + up.to(torch.int64)).double(), q.double())
+    magnitude = magnitude.clamp(max=fmt.max_finite).float()
+    out = torch.where(bits < 0, -magnitude, magnitude)
+    out = torch.where(torch.isinf(v), v if fmt.has_inf else torch.full_like(v, float("nan")), out)
+    return torch.where(torch.isnan(v), v, out)
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2, E2M1, E3M2, BF16, FP16, exmy(8, 1), exmy(1, 2, "none")], ids=lambda f: f.name)
+@pytest.mark.parametrize("rounding", list(Rounding), ids=lambda r: r.value)
+def test_float32_cast_equals_the_integer_bit_rule(fmt, rounding):
+    gen = torch.Generator().manual_seed(0)
+    mags = torch.exp2(torch.empty(200000).uniform_(-150, 128, generator=gen))
+    v = torch.cat([
+        mags * torch.sign(torch.randn(200000, generator=gen)),
+        torch.tensor([0.0, -0.0, 1e-45, -1e-40, 3.4e38, float("inf"), float("-inf"), float("nan")]),
+        decode(torch.arange(min(1 << fmt.bits, 1 << 16)), fmt),
+    ]).float()
+    words = torch.randint(0, 2**32, v.shape, generator=gen, dtype=torch.int64)
+    assert _same(round_to_format(v, fmt, rounding, words), _round_by_bits(v, fmt, rounding, words))
+
+
 @pytest.mark.parametrize("fmt,np_dtype,_", ORACLES, ids=IDS)
 def test_decode_every_code_matches_oracle(fmt, np_dtype, _):
     codes = _all_codes(fmt)
