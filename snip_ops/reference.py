@@ -11,7 +11,8 @@ Scale choice (DESIGN.md §1), with amax the block's max |x| in float32:
            unlike the OCP floor(log2(amax)) - emax rule);
   * NVFP4: tensor scale t = tensor_amax / (448 * 6); block scale b = e4m3_rne(amax / (t * 6)), at
            least the smallest E4M3 subnormal; the element scale is s = b * t (float32 product).
-An all-zero block gets scale 1. A block whose amax is NaN or Inf gets a NaN scale and all-zero codes,
+An all-zero block gets scale 1; a scale that underflows to 0 (subnormal amax) becomes the
+smallest positive float32, 2^-149 (E8M0: 2^-127). A block whose amax is NaN or Inf gets a NaN scale and all-zero codes,
 so it dequantizes to NaN: non-finite input never turns into finite numbers. Elements are
 `round_to_format(x / s)` (true division, saturating). SR words come from `philox.element_words`, the
 index of an element being its linear index in the (unpadded, untransposed) input.
@@ -102,6 +103,7 @@ def _round_up_pow2(s: torch.Tensor) -> torch.Tensor:
 
 def _nvfp4_tensor_scale(tensor_amax: torch.Tensor) -> torch.Tensor:
     t = tensor_amax.float() / NVFP4_TENSOR_DIVISOR
+    t = torch.where((t == 0) & (tensor_amax > 0), torch.full_like(t, 2.0**-149), t)
     return torch.where(tensor_amax == 0, torch.ones_like(t), torch.where(torch.isfinite(tensor_amax), t, torch.full_like(t, float("nan"))))
 
 
@@ -118,8 +120,12 @@ def _block_scales(amax: torch.Tensor, spec: QuantSpec, tensor_scale: torch.Tenso
         b = torch.where(torch.isfinite(tensor_scale), b, nan)
         return b.to(torch.float8_e4m3fn), b * tensor_scale
     s = amax / spec.element.max_finite
+    # A subnormal amax can make amax / max_finite underflow to 0: keep the smallest positive scale.
+    s = torch.where((s == 0) & (amax > 0), torch.full_like(s, 2.0**-149), s)
     if spec.scale in (ScaleKind.POW2, ScaleKind.E8M0):
         s = _round_up_pow2(s)
+    if spec.scale == ScaleKind.E8M0:  # E8M0's smallest value is 2^-127
+        s = s.clamp(min=2.0**-127)
     s = torch.where(amax == 0, torch.ones_like(s), s)
     s = torch.where(finite, s, nan)
     if spec.scale == ScaleKind.E8M0:

@@ -219,3 +219,12 @@ def test_spec_string_round_trip():
         assert QuantSpec.parse(spec.describe()) == spec
     with pytest.raises(ValueError, match="cannot parse"):
         QuantSpec.parse("e4m3-1x128")
+
+
+@pytest.mark.parametrize("name", ["fp8_1x128", "e5m2_pow2", "mxfp8", "mxfp4", "nvfp4"])
+def test_subnormal_amax_never_gives_a_zero_scale(name):
+    x = torch.tensor([[1e-44, -3e-45] + [0.0] * 126, [1e-40] * 128])
+    q = quantize(x, SPECS[name])
+    assert (q.scales.float() > 0).all()
+    d = q.dequantize()
+    assert torch.isfinite(d).all() and (d.abs() <= 2e-40).all()
