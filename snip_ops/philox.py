@@ -8,8 +8,7 @@ The random word of element `i` (its linear index in the logical, unpadded input 
 
 so a CUDA thread that handles four consecutive elements computes one Philox block. The CPU
 reference, the CUDA kernels and every data-parallel rank that shares `(seed, offset)` draw the same
-bits. Written with int64 tensors so it runs anywhere torch does; 32-bit products are split in
-16-bit halves to stay inside int64.
+bits. Written with int64 tensors so it runs anywhere torch does.
 """
 
 from __future__ import annotations
@@ -23,11 +22,14 @@ ROUNDS = 10
 
 
 def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hi, lo) 32-bit halves of the 64-bit product a * m, a an int64 tensor holding uint32 values."""
-    lo_part = a * (m & 0xFFFF)          # < 2^48
-    hi_part = a * (m >> 16)             # < 2^48
-    t = lo_part + ((hi_part & 0xFFFF) << 16)
-    return (hi_part >> 16) + (t >> 32), t & _MASK32
+    """(hi, lo) 32-bit halves of the 64-bit product a * m, a an int64 tensor holding uint32 values.
+
+    The product can exceed 2^63: int64 multiplication wraps modulo 2^64, which keeps all 64 bits
+    (the known-answer tests in tests/test_philox.py pin this), and masking after the shift drops
+    the sign extension.
+    """
+    p = a * m
+    return (p >> 32) & _MASK32, p & _MASK32
 
 
 def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[int, int], rounds: int = ROUNDS):

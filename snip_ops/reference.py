@@ -134,7 +134,10 @@ def _block_scales(amax: torch.Tensor, spec: QuantSpec, tensor_scale: torch.Tenso
 
 
 def _expand(s: torch.Tensor, br: int, bc: int, rows: int, cols: int) -> torch.Tensor:
-    return s.repeat_interleave(br, dim=0).repeat_interleave(bc, dim=1)[:rows, :cols]
+    """Per-block values broadcast to every element of a [rows, cols] tensor."""
+    nbr, nbc = s.shape
+    full = s[:, None, :, None].expand(nbr, br, nbc, bc).reshape(nbr * br, nbc * bc)
+    return full[:rows, :cols]
 
 
 def _quantize_values(x, spec, seed, offset, transpose, tensor_amax, checked):
@@ -169,7 +172,8 @@ def _quantize_values(x, spec, seed, offset, transpose, tensor_amax, checked):
     stored, s = _block_scales(amax, spec, tensor_scale)
     s_el = _expand(s, br, bc, rows, cols)
     y = round_to_format(xf / s_el, spec.element, spec.rounding, words)
-    y = torch.where(torch.isfinite(s_el), y, torch.zeros_like(y))
+    if not bool(torch.isfinite(s).all()):
+        y = torch.where(torch.isfinite(s_el), y, torch.zeros_like(y))
     return y, stored, s_el, tensor_scale
 
 
