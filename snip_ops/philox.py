@@ -21,27 +21,23 @@ _W0, _W1 = 0x9E3779B9, 0xBB67AE85
 ROUNDS = 10
 
 
-def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hi, lo) 32-bit halves of the 64-bit product a * m, a an int64 tensor holding uint32 values.
-
-    The product can exceed 2^63: int64 multiplication wraps modulo 2^64, which keeps all 64 bits
-    (the known-answer tests in tests/test_philox.py pin this), and masking after the shift drops
-    the sign extension.
-    """
-    p = a * m
-    return (p >> 32) & _MASK32, p & _MASK32
-
-
 def philox4x32(counter: tuple[torch.Tensor, ...], key: tuple[int, int], rounds: int = ROUNDS):
-    """Philox4x32 on int64 tensors holding uint32 values; returns the four output words."""
-    c0, c1, c2, c3 = counter
+    """Philox4x32 on int64 tensors holding uint32 values; returns the four output words.
+
+    The 32x32 -> 64-bit products use int64 multiplication, which wraps modulo 2^64 and so keeps all
+    64 bits even past 2^63 (the known-answer tests pin this); the high word is `(p >> 32) & mask`.
+    In-place updates keep the number of fresh allocations at four per round.
+    """
+    c0, c1, c2, c3 = (c.clone() for c in counter)
     k0, k1 = key[0] & _MASK32, key[1] & _MASK32
     for r in range(rounds):
         if r:
             k0, k1 = (k0 + _W0) & _MASK32, (k1 + _W1) & _MASK32
-        hi0, lo0 = _mulhilo(c0, _M0)
-        hi1, lo1 = _mulhilo(c2, _M1)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        p0 = c0.mul_(_M0)
+        p1 = c2.mul_(_M1)
+        hi1 = (p1 >> 32).bitwise_and_(_MASK32).bitwise_xor_(c1).bitwise_xor_(k0)
+        hi0 = (p0 >> 32).bitwise_and_(_MASK32).bitwise_xor_(c3).bitwise_xor_(k1)
+        c0, c1, c2, c3 = hi1, p1.bitwise_and_(_MASK32), hi0, p0.bitwise_and_(_MASK32)
     return c0, c1, c2, c3
 
 
