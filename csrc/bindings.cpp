@@ -17,7 +17,16 @@ struct KernelEntry {
   const char* archs;
 };
 constexpr KernelEntry kKernels[] = {
-    {"fp8_quantize_1x128", "*"},
+    {"quantize", "*"},  // also the tensor-amax pass of nvfp4
+    {"dequantize", "*"},
+#if SNIP_HAS_SM90
+    {"fp8_gemm_nt_blockwise", "sm_90a"},  // also runs fp8_gemm_nt_blockwise_acc
+#endif
+#if SNIP_HAS_SM100
+    {"nvfp4_gemm_nt", "sm_100a"},
+    {"mxfp4_gemm_nt", "sm_100a"},
+    {"mxfp8_gemm_nt", "sm_100a"},
+#endif
 };
 
 std::string json_list(const std::string& csv) {
@@ -49,21 +58,69 @@ std::string build_info() {
 
 TORCH_LIBRARY(snip_C, m) {
   m.def("build_info() -> str", &build_info);
-  m.def("fp8_quantize_1x128(Tensor x, bool pow2_scale) -> (Tensor codes, Tensor scales)");
+  m.def("quantize(Tensor x, str spec, bool rowwise=True, bool colwise=False, int seed=0, int offset=0, "
+        "int offset_t=0, Tensor? tensor_amax=None, bool blackwell_sf=False, int pad=1) -> (Tensor codes, "
+        "Tensor scales, Tensor codes_t, Tensor scales_t, Tensor tensor_scale)");
+  m.def("dequantize(Tensor codes, Tensor scales, Tensor? tensor_scale, str spec, int cols, ScalarType dtype) "
+        "-> Tensor");
+#if SNIP_HAS_SM90
+  m.def("fp8_gemm_nt_blockwise(Tensor a, Tensor sfa, Tensor b, Tensor sfb, int b_block, ScalarType out_dtype, "
+        "Tensor? bias=None, str config=\"\") -> Tensor");
+  m.def("fp8_gemm_nt_blockwise_acc(Tensor a, Tensor sfa, Tensor b, Tensor sfb, int b_block, Tensor(a!) out, "
+        "str config=\"\") -> ()");
+  m.def("fp8_gemm_nt_blockwise_config(int m, int n, int k, int b_block, ScalarType out_dtype, int num_sms, "
+        "str config=\"\") -> str",
+        &snip::fp8_gemm_nt_blockwise_config);
+#endif
+#if SNIP_HAS_SM100
+  m.def("nvfp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor alpha) -> Tensor");
+  m.def("mxfp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb) -> Tensor");
+  m.def("mxfp8_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb) -> Tensor");
+#endif
 }
 
 TORCH_LIBRARY_IMPL(snip_C, CUDA, m) {
-  m.impl("fp8_quantize_1x128", &snip::fp8_quantize_1x128);
+  m.impl("quantize", &snip::quantize);
+  m.impl("dequantize", &snip::dequantize);
+#if SNIP_HAS_SM90
+  m.impl("fp8_gemm_nt_blockwise", &snip::fp8_gemm_nt_blockwise);
+  m.impl("fp8_gemm_nt_blockwise_acc", &snip::fp8_gemm_nt_blockwise_acc);
+#endif
+#if SNIP_HAS_SM100
+  m.impl("nvfp4_gemm_nt", &snip::nvfp4_gemm_nt);
+  m.impl("mxfp4_gemm_nt", &snip::mxfp4_gemm_nt);
+  m.impl("mxfp8_gemm_nt", &snip::mxfp8_gemm_nt);
+#endif
 }
 
 // The CPU entry runs the same argument checks and then refuses with a message that points to the
 // reference implementation, instead of the dispatcher's generic "no CPU backend" error.
 TORCH_LIBRARY_IMPL(snip_C, CPU, m) {
-  m.impl("fp8_quantize_1x128", &snip::fp8_quantize_1x128);
+  m.impl("quantize", &snip::quantize);
+  m.impl("dequantize", &snip::dequantize);
+#if SNIP_HAS_SM90
+  m.impl("fp8_gemm_nt_blockwise", &snip::fp8_gemm_nt_blockwise);
+  m.impl("fp8_gemm_nt_blockwise_acc", &snip::fp8_gemm_nt_blockwise_acc);
+#endif
+#if SNIP_HAS_SM100
+  m.impl("nvfp4_gemm_nt", &snip::nvfp4_gemm_nt);
+  m.impl("mxfp4_gemm_nt", &snip::mxfp4_gemm_nt);
+  m.impl("mxfp8_gemm_nt", &snip::mxfp8_gemm_nt);
+#endif
 }
 
 TORCH_LIBRARY_IMPL(snip_C, Meta, m) {
-  m.impl("fp8_quantize_1x128", &snip::fp8_quantize_1x128_meta);
+  m.impl("quantize", &snip::quantize_meta);
+  m.impl("dequantize", &snip::dequantize_meta);
+#if SNIP_HAS_SM90
+  m.impl("fp8_gemm_nt_blockwise", &snip::fp8_gemm_nt_blockwise_meta);
+  m.impl("fp8_gemm_nt_blockwise_acc", &snip::fp8_gemm_nt_blockwise_acc_meta);
+#endif
+#if SNIP_HAS_SM100
+  m.impl("nvfp4_gemm_nt", &snip::nvfp4_gemm_nt_meta);
+  m.impl("mxfp4_gemm_nt", &snip::mxfp4_gemm_nt_meta);
+  m.impl("mxfp8_gemm_nt", &snip::mxfp8_gemm_nt_meta);
+#endif
 }
 
 // A bare module: everything is reached through torch.ops.snip_C, so no pybind11 is needed.

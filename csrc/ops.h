@@ -2,15 +2,74 @@
 // bindings.cpp. Arch-specific ops (csrc/**/sm90, csrc/**/sm100) are declared under
 // SNIP_HAS_SM90 / SNIP_HAS_SM100, which CMake sets to match what is compiled.
 #pragma once
+#include <optional>
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
 
 namespace snip {
 
-// FP8 E4M3, one FP32 scale per 1x128 block along K. Returns (codes [M, K] float8_e4m3fn,
-// scales [M, ceil(K/128)] float32).
-std::tuple<at::Tensor, at::Tensor> fp8_quantize_1x128(const at::Tensor& x, bool pow2_scale);
-std::tuple<at::Tensor, at::Tensor> fp8_quantize_1x128_meta(const at::Tensor& x, bool pow2_scale);
+// ---- quantization (csrc/quant; outputs and padding documented in quant/quantize_op.cpp) ----
+// x [M, K] -> (codes, scales, codes_t, scales_t, tensor_scale) under `spec`
+// (formats.QuantSpec.describe(), e.g. "e4m3/1x128/fp32/sr"), row-wise and/or column-wise.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
+    const at::Tensor& x, c10::string_view spec, bool rowwise, bool colwise, int64_t seed, int64_t offset,
+    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_meta(
+    const at::Tensor& x, c10::string_view spec, bool rowwise, bool colwise, int64_t seed, int64_t offset,
+    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad);
+// codes + plain scales (+ NVFP4 tensor scale) -> [rows, cols] float32 / bfloat16.
+at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, const std::optional<at::Tensor>& tensor_scale,
+                      c10::string_view spec, int64_t cols, at::ScalarType dtype);
+at::Tensor dequantize_meta(const at::Tensor& codes, const at::Tensor& scales,
+                           const std::optional<at::Tensor>& tensor_scale, c10::string_view spec, int64_t cols,
+                           at::ScalarType dtype);
+
+}  // namespace snip
+
+// ---- GEMMs (csrc/gemm; semantics and scale layouts: csrc/gemm/README.md) ----
+#include <optional>
+#include <string>
+
+#include <c10/util/string_view.h>
+
+namespace snip {
+
+#if SNIP_HAS_SM90
+// Hopper FP8 E4M3 block-scaled GEMM, out = A[M, K] . B[N, K]^T (+ bias): sfa [ceil(K/128), >=M]
+// and sfb [ceil(K/128), >=ceil(N/b_block)] FP32, MN-major; b_block 128 (128x128) or 1 (1x128).
+at::Tensor fp8_gemm_nt_blockwise(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                                 const at::Tensor& sfb, int64_t b_block, c10::ScalarType out_dtype,
+                                 const std::optional<at::Tensor>& bias, c10::string_view config);
+at::Tensor fp8_gemm_nt_blockwise_meta(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                                      const at::Tensor& sfb, int64_t b_block, c10::ScalarType out_dtype,
+                                      const std::optional<at::Tensor>& bias, c10::string_view config);
+// out += A . B^T in place (out BF16 or FP32 [M, N]).
+void fp8_gemm_nt_blockwise_acc(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                               const at::Tensor& sfb, int64_t b_block, const at::Tensor& out,
+                               c10::string_view config);
+void fp8_gemm_nt_blockwise_acc_meta(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                                    const at::Tensor& sfb, int64_t b_block, const at::Tensor& out,
+                                    c10::string_view config);
+// The tile configuration the heuristic picks (no device needed).
+std::string fp8_gemm_nt_blockwise_config(int64_t m, int64_t n, int64_t k, int64_t b_block,
+                                         c10::ScalarType out_dtype, int64_t num_sms, c10::string_view config);
+#endif
+
+#if SNIP_HAS_SM100
+// Blackwell block-scaled GEMMs -> BF16 [M, N]; scales in CUTLASS's blocked layout
+// (snip_ops.scale_layout.to_blackwell); alpha: one FP32 (nvfp4's product of tensor scales).
+at::Tensor nvfp4_gemm_nt(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb,
+                         const at::Tensor& alpha);
+at::Tensor nvfp4_gemm_nt_meta(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                              const at::Tensor& sfb, const at::Tensor& alpha);
+at::Tensor mxfp4_gemm_nt(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb);
+at::Tensor mxfp4_gemm_nt_meta(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                              const at::Tensor& sfb);
+at::Tensor mxfp8_gemm_nt(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb);
+at::Tensor mxfp8_gemm_nt_meta(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                              const at::Tensor& sfb);
+#endif
 
 }  // namespace snip

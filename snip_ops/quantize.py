@@ -1,23 +1,77 @@
-"""`snip_ops.quantize`: the CUDA kernel where one exists for the spec and device, the reference
-otherwise. Both give bit-identical results (tests/test_quant_kernels_gpu.py checks it)."""
+"""`snip_ops.quantize` and friends: the CUDA kernels (snip_C::quantize / snip_C::dequantize) where
+they exist for the spec and the device, the PyTorch reference otherwise. Both give bit-identical
+results (tests/test_quant_kernels_gpu.py checks it on a GPU).
+
+Kernel-backed specs (`kernel_supports`): elements E4M3, E5M2, E2M1; blocks 1x16, 1x32, 1x128,
+16x16, 128x128; scales FP32, POW2, E8M0, NVFP4 (E2M1 only); rounding RNE and SR. Everything else
+(TRUNC rounding, eXmY simulation formats, tensor-/row-wise blocks, ScaleKind.NONE) runs on the
+reference, as does every CPU tensor.
+
+Input layout: any row stride is read in place; a tensor whose last dimension is not unit-stride
+(e.g. a transposed view) is first copied with `.contiguous()` (one extra pass; to quantize x^T of
+a contiguous x, pass x with `transpose=True` instead, which is fused).
+
+The kernels take seed and offset as host integers (int64 op arguments, bit-reinterpreted from
+[0, 2^64)); a CUDA-graph-safe variant would read the offset from a device tensor instead.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from . import _ext, reference
-from .formats import E4M3, QuantSpec, Rounding, ScaleKind
+from . import _ext, philox, reference
+from .formats import E2M1, E4M3, E5M2, QuantSpec, Rounding, ScaleKind
 from .reference import QTensor
 
-__all__ = ["quantize"]
+__all__ = ["quantize", "quantize_rowcol", "dequantize", "kernel_supports"]
+
+_KERNEL_ELEMENTS = (E4M3, E5M2, E2M1)
+_KERNEL_BLOCKS = ((1, 16), (1, 32), (1, 128), (16, 16), (128, 128))
+_KERNEL_SCALES = (ScaleKind.FP32, ScaleKind.POW2, ScaleKind.E8M0, ScaleKind.NVFP4)
+_MASK64 = (1 << 64) - 1
 
 
-def _fp8_rowwise_kernel(x: torch.Tensor, spec: QuantSpec, transpose: bool, tensor_amax) -> bool:
+def kernel_supports(spec: QuantSpec) -> bool:
+    """True when snip_C::quantize / dequantize implement `spec` (on any GPU they are built for)."""
     return (
-        spec.element == E4M3 and spec.block == (1, 128) and spec.rounding == Rounding.RNE
-        and spec.scale in (ScaleKind.FP32, ScaleKind.POW2) and not transpose and tensor_amax is None
-        and x.is_contiguous() and _ext.kernel_available("fp8_quantize_1x128", x.device)
+        isinstance(spec, QuantSpec)
+        and spec.element in _KERNEL_ELEMENTS
+        and spec.block in _KERNEL_BLOCKS
+        and spec.scale in _KERNEL_SCALES
+        and spec.rounding in (Rounding.RNE, Rounding.SR)
     )
+
+
+def _use_kernel(t: torch.Tensor, spec: QuantSpec, op: str = "quantize") -> bool:
+    return kernel_supports(spec) and t.is_cuda and _ext.kernel_available(op, t.device)
+
+
+def _int64(v: int) -> int:
+    """A uint64 seed/offset as the signed int64 a torch op argument carries (same bits)."""
+    v &= _MASK64
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _kernel_quantize(x, spec, seed, offset, offset_t, rowwise, colwise, tensor_amax, checked):
+    if checked and not bool(torch.isfinite(x).all()):
+        raise ValueError("quantize: input contains NaN or Inf (checked mode)")
+    if spec.scale != ScaleKind.NVFP4 and tensor_amax is not None:
+        raise ValueError("tensor_amax is only used by nvfp4 scaling")
+    if spec.rounding == Rounding.SR:
+        philox._check_seed_offset(seed, offset)
+        philox._check_seed_offset(seed, offset_t)
+    if x.dim() == 2 and x.stride(1) != 1 and x.shape[1] > 1:
+        x = x.contiguous()
+    if tensor_amax is not None:
+        tensor_amax = torch.as_tensor(tensor_amax, dtype=torch.float32, device=x.device)
+    codes, scales, codes_t, scales_t, ts = torch.ops.snip_C.quantize(
+        x, spec.describe(), rowwise, colwise, _int64(seed), _int64(offset), _int64(offset_t), tensor_amax, False, 1
+    )
+    ts = ts if spec.scale == ScaleKind.NVFP4 else None
+    rows, cols = x.shape
+    row = QTensor(codes, scales, spec, (rows, cols), ts) if rowwise else None
+    col = QTensor(codes_t, scales_t, spec, (cols, rows), ts) if colwise else None
+    return row, col
 
 
 def quantize(
@@ -32,11 +86,48 @@ def quantize(
 ) -> QTensor:
     """Quantize a 2-D tensor; see `reference.quantize` for the exact semantics and arguments."""
     reference.check_input(x)
-    if isinstance(spec, QuantSpec) and _fp8_rowwise_kernel(x, spec, transpose, tensor_amax):
-        if checked and not bool(torch.isfinite(x).all()):
-            raise ValueError("quantize: input contains NaN or Inf (checked mode)")
-        codes, scales = torch.ops.snip_C.fp8_quantize_1x128(x, spec.scale == ScaleKind.POW2)
-        return QTensor(codes, scales, spec, tuple(x.shape))
+    if _use_kernel(x, spec):
+        row, col = _kernel_quantize(x, spec, seed, offset, offset, not transpose, transpose, tensor_amax, checked)
+        return col if transpose else row
     return reference.quantize(
         x, spec, seed=seed, offset=offset, transpose=transpose, tensor_amax=tensor_amax, checked=checked
     )
+
+
+def quantize_rowcol(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    *,
+    seed: int = 0,
+    offset: int = 0,
+    offset_t: int | None = None,
+    rowwise: bool = True,
+    colwise: bool = True,
+    tensor_amax=None,
+    checked: bool = False,
+) -> tuple[QTensor | None, QTensor | None]:
+    """`(quantize(x, ..., offset=offset), quantize(x, ..., offset=offset_t, transpose=True))` in one
+    pass over x on the GPU (DESIGN.md §3: x for fprop and x^T for wgrad; dy and dy^T; w and w^T).
+
+    `offset_t` (default: `offset`) keys the SR bits of the transposed output; either output can be
+    switched off (None is returned in its place). With 2-D blocks both outputs share their scales.
+    """
+    reference.check_input(x)
+    if not (rowwise or colwise):
+        raise ValueError("quantize_rowcol: request rowwise and/or colwise outputs")
+    offset_t = offset if offset_t is None else offset_t
+    if _use_kernel(x, spec):
+        return _kernel_quantize(x, spec, seed, offset, offset_t, rowwise, colwise, tensor_amax, checked)
+    kw = dict(seed=seed, tensor_amax=tensor_amax, checked=checked)
+    row = reference.quantize(x, spec, offset=offset, **kw) if rowwise else None
+    col = reference.quantize(x, spec, offset=offset_t, transpose=True, **kw) if colwise else None
+    return row, col
+
+
+def dequantize(q: QTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`reference.dequantize(q).to(dtype)` (dtype float32 or bfloat16), by the kernel where it exists."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"dequantize: dtype must be float32 or bfloat16, got {dtype}")
+    if _use_kernel(q.codes, q.spec, "dequantize") and q.scales is not None:
+        return torch.ops.snip_C.dequantize(q.codes, q.scales, q.tensor_scale, q.spec.describe(), q.shape[1], dtype)
+    return reference.dequantize(q).to(dtype)

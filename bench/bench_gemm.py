@@ -1,0 +1,242 @@
+"""GEMM microbenchmark: snip's low-precision GEMMs vs torch.matmul (BF16) and torch._scaled_mm (FP8,
+cuBLAS/CUTLASS), on the shapes of Llama training, for the three GEMMs of a linear layer.
+
+    python bench/bench_gemm.py                 # full run, writes bench/results/<device>-gemm.json
+    python bench/bench_gemm.py --quick         # 4096^3 and one Llama shape
+    python bench/bench_gemm.py --configs       # also every compiled Hopper tile configuration
+
+Shapes: M = N = K = 4096 and 8192, and Llama-7B/70B layers with M = 8192 tokens and (N, K) in
+{(4096, 4096), (11008, 4096), (4096, 11008), (8192, 8192), (28672, 8192), (8192, 28672)}; for a layer
+(M, N, K) the GEMMs are (m, n, k) = fprop (M, N, K), dgrad (M, K, N), wgrad (N, K, M) (planner/cost.py).
+
+What is timed (one kernel launch sequence per call, operands prepared beforehand):
+  bf16      torch.matmul(a, b.t()) on BF16 tensors (cuBLAS) -- what snip runs for "bf16" layers.
+  fp8       snip_C::fp8_gemm_nt_blockwise on prepared operands: E4M3, 1x128 x 128x128 scales
+            (fprop, dgrad; BF16 out) or 1x128 x 1x128 (wgrad; FP32 out, as for accumulation).
+  fp4       (Hopper) snip_ops.gemm_kernels.qgemm on FP4 (E2M1) operands: the E2M1 -> E4M3
+            re-encoding, the scale-layout conversion and the FP8 kernel -- the real per-GEMM cost.
+  nvfp4 / mxfp4 / mxfp8   (Blackwell only) the sm_100a kernels on prepared operands.
+Baselines (not in "entries"): torch._scaled_mm with row-wise and tensor-wise FP32 scales (BF16 out,
+use_fast_accum=False), torch._scaled_mm with the same 1x128/128x128 block scales where this torch/cuBLAS
+supports it, and qgemm's end-to-end fp8 time (wrapper overhead).
+
+Timing: CUDA events around each call, the L2 cache flushed (a 256 MiB buffer zeroed) before every
+call, median of `--iters` calls after `--warmup` calls; random normal data (never zeros).
+
+Output JSON ({"device", "unit": "s", "entries": [{"m", "n", "k", "format", "gemm", "ms", "time", ...}]})
+is the planner's measured cost table (planner.cost.MeasuredCost.from_json reads m, n, k, format, time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import zlib
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from snip_ops import _ext, gemm_kernels as gk  # noqa: E402
+from snip_ops.formats import recipe  # noqa: E402
+from snip_ops.quantize import quantize  # noqa: E402
+
+SQUARE = [4096, 8192]
+LLAMA_TOKENS = 8192
+LLAMA_NK = [(4096, 4096), (11008, 4096), (4096, 11008), (8192, 8192), (28672, 8192), (8192, 28672)]
+TARGET_BF16_SQUARE_8192 = 1.6
+TARGET_BF16_LLAMA = 1.4
+TARGET_SCALED_MM = 0.9
+
+
+def layers(quick: bool):
+    """(label, M, N, K) of the benchmarked linear layers."""
+    out = [(f"square{s}", s, s, s) for s in (SQUARE[:1] if quick else SQUARE)]
+    nks = LLAMA_NK[:1] if quick else LLAMA_NK
+    out += [(f"llama_N{n}_K{k}", LLAMA_TOKENS, n, k) for n, k in nks]
+    return out
+
+
+def gemm_dims(gemm: str, M: int, N: int, K: int) -> tuple[int, int, int]:
+    return {"fprop": (M, N, K), "dgrad": (M, K, N), "wgrad": (N, K, M)}[gemm]
+
+
+class Timer:
+    def __init__(self, warmup: int, iters: int):
+        self.warmup, self.iters = warmup, iters
+        self.flush_buf = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+
+    def __call__(self, fn) -> float:
+        """Median milliseconds of fn() with a cold L2."""
+        for _ in range(self.warmup):
+            fn()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
+        for s, e in zip(starts, ends):
+            self.flush_buf.zero_()
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def operands(gemm: str, m: int, n: int, k: int, name: str):
+    """Quantized (a, b) of the GEMM, laid out as the linear layer produces them (DESIGN.md §3)."""
+    r = recipe(name)
+    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{gemm}{m},{n},{k}".encode()))
+    if gemm == "wgrad":  # a = dy^T, b = x^T, 1x128 blocks along the token dimension k
+        dy, x = (torch.randn(k, d, device="cuda", generator=g, dtype=torch.bfloat16) for d in (m, n))
+        return quantize(dy, r.grad, transpose=True), quantize(x, r.act, transpose=True)
+    act = r.act if gemm == "fprop" else r.grad
+    a = quantize(torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16), act)
+    if gemm == "fprop":
+        b = quantize(torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16), r.weight)
+    else:  # dgrad: b = w^T, w [k, n] with 128x128 blocks (or 1-D blocks along n for MX/NV formats)
+        w = torch.randn(k, n, device="cuda", generator=g, dtype=torch.bfloat16)
+        b = quantize(w, r.weight).t() if r.weight.block == (128, 128) else quantize(w, r.weight, transpose=True)
+    return a, b
+
+
+def scaled_mm_baselines(a, b, m, n, k) -> dict[str, callable]:
+    """torch._scaled_mm on the same FP8 codes: row-wise, tensor-wise, and block-wise scales."""
+    ca, cb = gk._e4m3_codes(a), gk._e4m3_codes(b)  # [m, k], [n, k]; b.t() is column-major as cuBLAS wants
+    ones_a, ones_b = torch.ones(m, 1, device="cuda"), torch.ones(1, n, device="cuda")
+    one = torch.ones((), device="cuda")
+    out = {
+        "scaled_mm_rowwise": lambda: torch._scaled_mm(ca, cb.t(), ones_a, ones_b, out_dtype=torch.bfloat16),
+        "scaled_mm_tensorwise": lambda: torch._scaled_mm(ca, cb.t(), one, one, out_dtype=torch.bfloat16),
+    }
+    # Block-wise (cuBLAS >= 12.9 on sm_90): scale_a [m, ceil(k/128)] outer-dim-major, scale_b
+    # [ceil(k/128), ceil(n/128) or n]. Layout requirements differ across versions: try both.
+    sa = a.scales.float()
+    sb = b.scales.float()
+    for sa_l, sb_l in ((sa.t().contiguous().t(), sb.t()), (sa.contiguous(), sb.t().contiguous())):
+        fn = (lambda x=sa_l, y=sb_l: torch._scaled_mm(ca, cb.t(), x, y, out_dtype=torch.bfloat16))
+        try:
+            fn()
+            torch.cuda.synchronize()
+            out["scaled_mm_blockwise"] = fn
+            break
+        except (RuntimeError, ValueError):
+            continue
+    return out
+
+
+def tflops(m, n, k, ms):
+    return 2.0 * m * n * k / (ms * 1e-3) / 1e12
+
+
+def run(args) -> dict:
+    if not torch.cuda.is_available():
+        sys.exit("bench_gemm: needs a CUDA GPU")
+    arch = torch.cuda.get_device_capability()
+    device = torch.cuda.get_device_name()
+    timer = Timer(args.warmup, args.iters)
+    sm90 = arch == (9, 0) and _ext.kernel_available("fp8_gemm_nt_blockwise", "cuda")
+    sm100 = arch == (10, 0) and _ext.kernel_available("nvfp4_gemm_nt", "cuda")
+    if not (sm90 or sm100):
+        print(f"bench_gemm: no snip GEMM kernel for {device} (sm_{arch[0]}{arch[1]}); timing baselines only", file=sys.stderr)
+    entries, baselines, configs = [], [], []
+    for label, M, N, K in layers(args.quick):
+        for g in ("fprop", "dgrad", "wgrad"):
+            m, n, k = gemm_dims(g, M, N, K)
+            row = dict(shape=label, gemm=g, m=m, n=n, k=k)
+
+            def add(target, fmt, ms, impl):
+                target.append(dict(row, format=fmt, ms=ms, time=ms * 1e-3, tflops=tflops(m, n, k, ms), impl=impl))
+                print(f"{label:>20} {g:5} m={m:5} n={n:5} k={k:5} {fmt:26} {ms:8.3f} ms {tflops(m, n, k, ms):7.1f} TFLOPS", flush=True)
+
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            xa = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+            xb = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+            add(entries, "bf16", timer(lambda: torch.matmul(xa, xb.t())), "torch.matmul bf16 (cuBLAS)")
+            del xa, xb
+
+            a, b = operands(g, m, n, k, "fp8")
+            for name, fn in scaled_mm_baselines(a, b, m, n, k).items():
+                add(baselines, name, timer(fn), "torch._scaled_mm, BF16 out, use_fast_accum=False")
+            if sm90:
+                out_dtype = torch.float32 if g == "wgrad" else torch.bfloat16
+                ca, sfa, cb, sfb, bb, _ = gk.prepare_sm90(a, b, out_dtype)
+                op = torch.ops.snip_C.fp8_gemm_nt_blockwise
+                sms = torch.cuda.get_device_properties().multi_processor_count
+                chosen = torch.ops.snip_C.fp8_gemm_nt_blockwise_config(m, n, k, bb, out_dtype, sms)
+                add(entries, "fp8", timer(lambda: op(ca, sfa, cb, sfb, bb, out_dtype)), f"snip CUTLASS sm90: {chosen}")
+                add(baselines, "fp8_qgemm", timer(lambda: gk.qgemm(a, b, out_dtype=out_dtype, path="sm90_fp8")),
+                    "snip_ops.gemm_kernels.qgemm end to end (scale conversion + kernel)")
+                if args.configs:
+                    tiles = ["tile=128x128", "tile=64x128"] if bb == 128 and out_dtype == torch.bfloat16 else ["tile=128x128"]
+                    for cfg in [t + extra for t in tiles for extra in ("", ",swizzle=2", ",raster=m", ",raster=n")]:
+                        add(configs, f"fp8[{cfg}]", timer(lambda c=cfg: op(ca, sfa, cb, sfb, bb, out_dtype, None, c)), cfg)
+                del ca, sfa, cb, sfb
+                a4, b4 = operands(g, m, n, k, "fp4")
+                add(entries, "fp4", timer(lambda: gk.qgemm(a4, b4, out_dtype=out_dtype, path="sm90_fp4")),
+                    "snip sm90_fp4: E2M1 -> E4M3 re-encoding + scale conversion + FP8 kernel")
+                del a4, b4
+            if sm100:
+                for kind in ("nvfp4", "mxfp4", "mxfp8"):
+                    ka, kb_ = operands(g, m, n, k, kind)
+                    ca, sfa, cb, sfb, alpha, _ = gk.prepare_sm100(kind, ka, kb_)
+                    op = getattr(torch.ops.snip_C, f"{kind}_gemm_nt")
+                    fn = (lambda: op(ca, sfa, cb, sfb, alpha)) if kind == "nvfp4" else (lambda: op(ca, sfa, cb, sfb))
+                    add(entries, kind, timer(fn), f"snip CUTLASS sm100 {kind}")
+            del a, b
+            torch.cuda.empty_cache()
+    return dict(
+        device=device, capability=f"sm_{arch[0]}{arch[1]}", unit="s", torch=torch.__version__,
+        cuda=torch.version.cuda, build=_ext.build_info().get("built_with"),
+        method=f"CUDA events, L2 flushed before each call, median of {args.iters} after {args.warmup} warm-up calls",
+        date=time.strftime("%Y-%m-%d %H:%M:%S"), entries=entries, baselines=baselines, configs=configs,
+        targets=targets(entries, baselines),
+    )
+
+
+def targets(entries, baselines) -> list[dict]:
+    """Speed-ups of snip's fp8 GEMM over BF16 and torch._scaled_mm, against the issue's targets."""
+    t = {(e["shape"], e["gemm"], e["format"]): e["ms"] for e in entries + baselines}
+    out = []
+    for (shape, g, fmt), ms in t.items():
+        if fmt != "fp8":
+            continue
+        row = dict(shape=shape, gemm=g, fp8_ms=ms)
+        row["vs_bf16"] = t[(shape, g, "bf16")] / ms
+        row["target_vs_bf16"] = TARGET_BF16_LLAMA if shape.startswith("llama") else (
+            TARGET_BF16_SQUARE_8192 if shape == "square8192" else None)
+        for base in ("scaled_mm_rowwise", "scaled_mm_tensorwise", "scaled_mm_blockwise"):
+            if (shape, g, base) in t:
+                row[f"vs_{base}"] = t[(shape, g, base)] / ms
+        row["target_vs_scaled_mm"] = TARGET_SCALED_MM
+        row["pass"] = (row["target_vs_bf16"] is None or row["vs_bf16"] >= row["target_vs_bf16"]) and all(
+            row[f"vs_{b}"] >= TARGET_SCALED_MM for b in ("scaled_mm_rowwise", "scaled_mm_tensorwise") if f"vs_{b}" in row)
+        out.append(row)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="4096^3 and one Llama shape only")
+    p.add_argument("--configs", action="store_true", help="also time every compiled Hopper tile configuration")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/<device>-gemm.json)")
+    args = p.parse_args()
+    result = run(args)
+    slug = re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-")
+    path = args.out or ROOT / "bench" / "results" / f"{slug}-gemm.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\nwrote {path}")
+    for r in result["targets"]:
+        extra = " ".join(f"{k[3:]}={v:.2f}x" for k, v in r.items() if k.startswith("vs_"))
+        print(f"{r['shape']:>20} {r['gemm']:5} {'PASS' if r['pass'] else 'MISS'} {extra}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Stability benchmark: the bit-reduction sweep on the small model, committed under bench/results/.
+
+    python bench/bench_stability.py                 # preset "cpu": E8M7..E8M2, E5M2, E4M3 vs FP32
+    python bench/bench_stability.py --preset gpu --device cuda --workers 4
+    python bench/bench_stability.py --notes notes.md   # append the reader's interpretation to the .md
+
+Cells are kept in runs/bench-stability-<preset>/ (resumable: an interrupted benchmark continues where
+it stopped). Results: bench/results/<device>-stability-<date>.json (summary with every cell's verdict,
+final loss, spikes and early sharpness, plus context: date, command, machine, grid), .md (tables),
+-cells.json (the raw cell records: per-step training loss, sharpness over time; the shared setup is in
+the summary), -heatmap.png and -sharpness.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from planner.stability.cli import add_sweep_parser, spec_from_args  # noqa: E402
+from planner.stability.sweep import load_records  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    sweep_parser = add_sweep_parser(sub)
+    sweep_parser.add_argument("--notes", help="Markdown file appended to the report (interpretation, caveats)")
+    sweep_parser.set_defaults(preset="cpu")
+    argv = sys.argv[1:]
+    args = parser.parse_args(["sweep", *argv])
+    # The recorded command is what reproduces the numbers; the notes file does not affect them.
+    shown = [a for i, a in enumerate(argv) if a != "--notes" and (i == 0 or argv[i - 1] != "--notes")]
+    args.command_line = " ".join(["python bench/bench_stability.py", *shown])
+    args.out = args.out or str(ROOT / "runs" / f"bench-stability-{args.preset}")
+    status = args.func(args)
+
+    device = "gpu" if (args.device or "").startswith("cuda") or args.preset.startswith("gpu") else "cpu"
+    stem = ROOT / "bench" / "results" / f"{device}-stability-{datetime.date.today().isoformat()}"
+    out = Path(args.out)
+    shutil.copyfile(out / "summary.json", stem.with_suffix(".json"))
+    keys = {c.key() for c in spec_from_args(args).cells()}
+    cells = [{**r, "cell": {k: v for k, v in r["cell"].items() if k != "setup"}} for r in load_records(out) if r["key"] in keys]
+    with open(f"{stem}-cells.json", "w") as f:
+        json.dump(cells, f, separators=(",", ":"), allow_nan=False)
+    report = (out / "report.md").read_text()
+    if args.notes:
+        report += "\n" + Path(args.notes).read_text()
+    stem.with_suffix(".md").write_text(report)
+    shutil.copyfile(out / "heatmap.png", f"{stem}-heatmap.png")
+    if (out / "sharpness.png").exists():
+        shutil.copyfile(out / "sharpness.png", f"{stem}-sharpness.png")
+    print(f"results: {stem}.json / .md / -cells.json / -heatmap.png / -sharpness.png")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+// Tile-configuration choice for the Hopper FP8 block-scaled GEMM (plain C++, no CUDA/torch): kept
+// apart from the launchers so it can be read, tested (snip_C::fp8_gemm_nt_blockwise_config) and
+// tuned without touching kernel code.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "gemm/gemm_args.h"
+
+namespace snip::gemm::sm90 {
+
+struct TileCandidate {
+  int tile_m, tile_n;
+  int cluster_n;         // CTAs per cluster along N (the persistent grid is rounded to it)
+  double efficiency;     // relative throughput of a full tile (1.0: the 128x128 cooperative kernel)
+};
+
+struct Fp8GemmChoice {
+  int candidate = 0;  // index into the candidate list
+  Raster raster = Raster::kHeuristic;
+  int swizzle = 1;
+};
+
+// Overrides parsed from a config string "tile=64x128,raster=m|n|auto,swizzle=1|2|4|8" (any subset,
+// in any order; a bare "64x128" means tile=64x128). Empty string: no override.
+struct Fp8GemmOverride {
+  int tile_m = 0, tile_n = 0;  // 0: heuristic
+  bool has_raster = false;
+  Raster raster = Raster::kHeuristic;
+  int swizzle = 0;  // 0: heuristic
+};
+// Returns false and sets *error on a malformed string.
+bool parse_fp8_gemm_config(const std::string& text, Fp8GemmOverride* out, std::string* error);
+
+// The heuristic: for each candidate, the fraction of the launched SM-waves that does useful work,
+// (M*N) / (waves * num_sms * tile_m * tile_n), times the candidate's full-tile efficiency; the best
+// wins (ties: the earlier candidate). K does not enter: every tile walks all of K. Raster order
+// and swizzle stay CUTLASS's defaults (heuristic raster, no swizzle) unless overridden.
+Fp8GemmChoice choose_fp8_gemm_config(int m, int n, int k, const std::vector<TileCandidate>& candidates,
+                                     int num_sms);
+
+}  // namespace snip::gemm::sm90

@@ -1,0 +1,10 @@
+// fp8_gemm_nt_blockwise instantiation "b1_f32_128x128": B 1x128 scale blocks (wgrad), FP32 out (accumulation), 128x128 cooperative tile.
+// One instantiation per file so that the (slow) CUTLASS translation units build in parallel.
+#include "gemm/sm90/fp8_gemm_nt_blockwise.cuh"
+
+namespace snip::gemm::sm90 {
+using Cfg_b1_f32_128x128 = Fp8Cooperative128x128<1, float>;
+extern const Fp8BlockwiseVariant kFp8Variant_b1_f32_128x128;
+const Fp8BlockwiseVariant kFp8Variant_b1_f32_128x128 = {"b1_f32_128x128", 1, OutDType::kF32, 128, 128, "cooperative",
+                                                &Cfg_b1_f32_128x128::workspace_size, &Cfg_b1_f32_128x128::run};
+}  // namespace snip::gemm::sm90

@@ -1,0 +1,303 @@
+// Torch side of snip_C::fp8_gemm_nt_blockwise / fp8_gemm_nt_blockwise_acc (Hopper sm_90a):
+// argument checks with messages that say what to change, output/workspace allocation, stream,
+// tile choice (fp8_gemm_heuristic.h), the CPU entry (same checks, then a pointer to the fallback)
+// and the Meta (fake) functions for torch.compile.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "gemm/gemm_args.h"
+#include "gemm/sm90/fp8_gemm_heuristic.h"
+#include "ops.h"
+
+namespace snip::gemm::sm90 {
+extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x128;
+extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_64x128;
+extern const Fp8BlockwiseVariant kFp8Variant_b128_f32_128x128;
+extern const Fp8BlockwiseVariant kFp8Variant_b1_bf16_128x128;
+extern const Fp8BlockwiseVariant kFp8Variant_b1_f32_128x128;
+}  // namespace snip::gemm::sm90
+
+namespace snip {
+namespace {
+
+// Device facts without ATen/cuda/CUDAContext.h (which drags in cuSPARSE/cuBLAS headers).
+struct DeviceInfo {
+  int major = 0, minor = 0, sms = 0;
+};
+DeviceInfo device_info(int device) {
+  DeviceInfo d;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device));
+  return d;
+}
+
+using gemm::Fp8BlockwiseArgs;
+using gemm::Fp8BlockwiseVariant;
+using gemm::OutDType;
+
+constexpr const char* kOp = "snip_C::fp8_gemm_nt_blockwise: ";
+constexpr int64_t kScaleK = 128;
+
+// Every compiled instantiation; the heuristic chooses among those matching (b_block, out dtype).
+const Fp8BlockwiseVariant* const kVariants[] = {
+    &gemm::sm90::kFp8Variant_b128_bf16_128x128, &gemm::sm90::kFp8Variant_b128_bf16_64x128,
+    &gemm::sm90::kFp8Variant_b128_f32_128x128,  &gemm::sm90::kFp8Variant_b1_bf16_128x128,
+    &gemm::sm90::kFp8Variant_b1_f32_128x128,
+};
+
+std::vector<const Fp8BlockwiseVariant*> variants_for(int64_t b_block, OutDType out) {
+  std::vector<const Fp8BlockwiseVariant*> v;
+  for (const auto* var : kVariants)
+    if (var->b_block == b_block && var->out == out) v.push_back(var);
+  return v;
+}
+
+std::string tile_list(const std::vector<const Fp8BlockwiseVariant*>& vs) {
+  std::string s;
+  for (const auto* v : vs) s += (s.empty() ? "" : ", ") + std::to_string(v->tile_m) + "x" + std::to_string(v->tile_n);
+  return s;
+}
+
+OutDType out_kind(c10::ScalarType t) {
+  TORCH_CHECK(t == at::kBFloat16 || t == at::kFloat, kOp, "out_dtype must be bfloat16 or float32, got ", t);
+  return t == at::kBFloat16 ? OutDType::kBF16 : OutDType::kF32;
+}
+
+int64_t out_align(OutDType o) { return o == OutDType::kBF16 ? 8 : 4; }  // elements per 16 bytes
+
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+struct Problem {
+  int64_t m, n, k, kb;
+  OutDType out;
+};
+
+void check_scales(const at::Tensor& s, const char* name, int64_t kb, int64_t min_rows, const char* rows_what) {
+  TORCH_CHECK(s.scalar_type() == at::kFloat, kOp, name, " must be float32, got ", s.scalar_type());
+  TORCH_CHECK(s.dim() == 2, kOp, name, " must be 2-D [ceil(K/128), rows] (MN-major scales), got ", s.dim(), "-D");
+  TORCH_CHECK(s.size(0) == kb, kOp, name, ".size(0) must be ceil(K/128) = ", kb, ", got ", s.size(0),
+              " (scales are MN-major: [K blocks, rows]; snip_ops.gemm_kernels converts QTensor scales)");
+  TORCH_CHECK(s.size(1) >= min_rows, kOp, name, ".size(1) must be >= ", rows_what, " = ", min_rows, ", got ",
+              s.size(1));
+  TORCH_CHECK(s.size(1) % 4 == 0, kOp, name, ".size(1) must be a multiple of 4 (16-byte TMA rows), got ",
+              s.size(1), "; pad the scale rows");
+  TORCH_CHECK(s.size(1) <= 1 || s.stride(1) == 1, kOp, name, " must have unit stride along its rows (dim 1)");
+  TORCH_CHECK(s.size(0) <= 1 || (s.stride(0) >= s.size(1) && s.stride(0) % 4 == 0), kOp, name,
+              ".stride(0) must be >= size(1) and a multiple of 4, got ", s.stride(0));
+}
+
+// Every check that does not need the data: shapes, dtypes, strides, alignments of sizes.
+Problem check_args(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb,
+                   int64_t b_block, c10::ScalarType out_dtype, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2, kOp, "a and b must be 2-D (a [M, K], b [N, K]), got ", a.dim(),
+              "-D and ", b.dim(), "-D");
+  for (const auto* t : {&a, &b})
+    TORCH_CHECK(t->scalar_type() == at::kFloat8_e4m3fn, kOp,
+                "a and b must be float8_e4m3fn codes (this kernel is E4M3 x E4M3), got ", t->scalar_type(),
+                "; other formats run through snip_ops.gemm_kernels.qgemm's fallbacks");
+  TORCH_CHECK(b_block == 1 || b_block == 128, kOp,
+              "b_block must be 128 (B scales per 128x128 block) or 1 (B scales per 1x128 row block), got ",
+              b_block);
+  const int64_t m = a.size(0), n = b.size(0), k = a.size(1);
+  TORCH_CHECK(b.size(1) == k, kOp, "a and b must have the same K (dim 1): ", k, " vs ", b.size(1));
+  TORCH_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX, kOp, "M, N, K must fit in int32");
+  TORCH_CHECK(k % 16 == 0, kOp, "K must be a multiple of 16 (TMA needs 16-byte rows), got K = ", k,
+              "; pad K with zero codes (snip_ops.gemm_kernels.qgemm does)");
+  for (const auto* t : {&a, &b}) {
+    TORCH_CHECK(t->size(1) <= 1 || t->stride(1) == 1, kOp,
+                "a and b must be K-major (unit stride along K, dim 1); call .contiguous()");
+    TORCH_CHECK(t->size(0) <= 1 || t->stride(0) % 16 == 0, kOp,
+                "the row stride of a and b must be a multiple of 16 elements, got ", t->stride(0));
+  }
+  const int64_t kb = (k + kScaleK - 1) / kScaleK;
+  check_scales(sfa, "sfa", kb, m, "M");
+  check_scales(sfb, "sfb", kb, (n + b_block - 1) / b_block, b_block == 1 ? "N" : "ceil(N/128)");
+  const OutDType out = out_kind(out_dtype);
+  TORCH_CHECK(n % out_align(out) == 0, kOp, "N must be a multiple of ", out_align(out), " for ", out_dtype,
+              " output (16-byte rows), got N = ", n, "; pad N (snip_ops.gemm_kernels.qgemm does)");
+  if (bias) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, kOp, "bias must be 1-D [N = ", n, "], got shape ",
+                bias->sizes());
+    TORCH_CHECK(bias->scalar_type() == at::kFloat || bias->scalar_type() == at::kBFloat16 ||
+                    bias->scalar_type() == at::kHalf,
+                kOp, "bias must be float32, bfloat16 or float16, got ", bias->scalar_type());
+  }
+  return {m, n, k, kb, out};
+}
+
+void check_device(const std::vector<const at::Tensor*>& ts) {
+  const at::Tensor& a = *ts[0];
+  TORCH_CHECK(a.is_cuda(), kOp, "tensors must be on a CUDA device, got ", a.device(),
+              " (on the CPU use snip_ops.gemm_kernels.qgemm, which falls back to the reference)");
+  for (const auto* t : ts) {
+    TORCH_CHECK(t->device() == a.device(), kOp, "all tensors must be on ", a.device(), ", got one on ",
+                t->device());
+    TORCH_CHECK(aligned16(*t), kOp, "every tensor must start at a 16-byte aligned address (TMA)");
+  }
+  const DeviceInfo prop = device_info(a.device().index());
+  TORCH_CHECK(prop.major == 9 && prop.minor == 0, kOp,
+              "this kernel is compiled for sm_90a (Hopper H100/H200) only; device ", a.device(), " is sm_", prop.major, prop.minor,
+              "; snip_ops.gemm_kernels.qgemm picks the right path per device");
+}
+
+const Fp8BlockwiseVariant* pick_variant(const Problem& p, int64_t b_block, const std::string& config, int sms,
+                                        Fp8BlockwiseArgs* args) {
+  const auto vs = variants_for(b_block, p.out);
+  TORCH_CHECK(!vs.empty(), kOp, "no kernel compiled for b_block=", b_block);  // cannot happen
+  gemm::sm90::Fp8GemmOverride ov;
+  std::string err;
+  TORCH_CHECK(gemm::sm90::parse_fp8_gemm_config(config, &ov, &err), kOp, "config '", config, "': ", err);
+  std::vector<gemm::sm90::TileCandidate> cands;
+  for (const auto* v : vs)
+    cands.push_back({v->tile_m, v->tile_n, v->tile_m == 128 ? 2 : 1, v->tile_m == 128 ? 1.0 : 0.82});
+  const auto choice = gemm::sm90::choose_fp8_gemm_config(int(p.m), int(p.n), int(p.k), cands, sms);
+  const Fp8BlockwiseVariant* v = vs[choice.candidate];
+  if (ov.tile_m) {
+    v = nullptr;
+    for (const auto* c : vs)
+      if (c->tile_m == ov.tile_m && c->tile_n == ov.tile_n) v = c;
+    TORCH_CHECK(v, kOp, "config '", config, "': tile ", ov.tile_m, "x", ov.tile_n, " is not compiled for b_block=",
+                b_block, " and this output dtype; compiled: ", tile_list(vs));
+  }
+  if (args) {
+    args->raster = ov.has_raster ? ov.raster : choice.raster;
+    args->swizzle = ov.swizzle ? ov.swizzle : choice.swizzle;
+  }
+  return v;
+}
+
+void launch(const Fp8BlockwiseVariant* v, Fp8BlockwiseArgs& args, const at::Tensor& like) {
+  const auto stream = c10::cuda::getCurrentCUDAStream(like.device().index());
+  const size_t ws = v->workspace_size(args);
+  at::Tensor workspace;
+  if (ws) workspace = at::empty({int64_t(ws)}, like.options().dtype(at::kByte));
+  const gemm::LaunchResult r = v->run(args, ws ? workspace.data_ptr() : nullptr, stream.stream());
+  TORCH_CHECK(r.status != gemm::LaunchStatus::kCannotImplement, kOp, "CUTLASS can_implement() refused variant ",
+              v->name, " for M=", args.m, " N=", args.n, " K=", args.k, " (a bug: the checks above should catch it)");
+  TORCH_CHECK(r.status == gemm::LaunchStatus::kOk, kOp, "launch of ", v->name, " failed: ",
+              cudaGetErrorString(r.cuda));
+}
+
+Fp8BlockwiseArgs make_args(const Problem& p, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                           const at::Tensor& sfb) {
+  Fp8BlockwiseArgs args;
+  args.m = int(p.m);
+  args.n = int(p.n);
+  args.k = int(p.k);
+  args.a = a.data_ptr();
+  args.lda = p.m > 1 ? a.stride(0) : p.k;
+  args.b = b.data_ptr();
+  args.ldb = p.n > 1 ? b.stride(0) : p.k;
+  args.sfa = sfa.data_ptr<float>();
+  args.sfa_rows = int(sfa.size(1));
+  args.ld_sfa = p.kb > 1 ? sfa.stride(0) : sfa.size(1);
+  args.sfb = sfb.data_ptr<float>();
+  args.sfb_rows = int(sfb.size(1));
+  args.ld_sfb = p.kb > 1 ? sfb.stride(0) : sfb.size(1);
+  args.device = a.device().index();
+  args.sm_count = device_info(args.device).sms;
+  return args;
+}
+
+void check_out(const at::Tensor& out, const Problem& p) {
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == p.m && out.size(1) == p.n, kOp, "out must be [M, N] = [", p.m, ", ",
+              p.n, "], got ", out.sizes());
+  TORCH_CHECK(out.size(1) <= 1 || out.stride(1) == 1, kOp, "out must be row-major (unit stride along N)");
+  TORCH_CHECK(out.size(0) <= 1 || out.stride(0) % out_align(p.out) == 0, kOp, "out's row stride must be a multiple of ",
+              out_align(p.out), " elements (16 bytes), got ", out.stride(0));
+}
+
+}  // namespace
+
+at::Tensor fp8_gemm_nt_blockwise(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                                 const at::Tensor& sfb, int64_t b_block, c10::ScalarType out_dtype,
+                                 const std::optional<at::Tensor>& bias, c10::string_view config) {
+  const Problem p = check_args(a, sfa, b, sfb, b_block, out_dtype, bias);
+  check_device({&a, &sfa, &b, &sfb});
+  if (bias)
+    TORCH_CHECK(bias->device() == a.device(), kOp, "bias must be on ", a.device(), ", got ", bias->device());
+  const c10::cuda::CUDAGuard guard(a.device());
+  if (p.m == 0 || p.n == 0) return at::empty({p.m, p.n}, a.options().dtype(out_dtype));
+  std::optional<at::Tensor> bias32;
+  if (bias) {
+    bias32 = bias->to(at::kFloat).contiguous();
+    if (!aligned16(*bias32)) bias32 = bias32->clone();  // a view at an odd offset
+  }
+  if (p.k == 0) {  // empty reduction: the bias alone
+    at::Tensor out = at::zeros({p.m, p.n}, a.options().dtype(at::kFloat));
+    if (bias32) out.add_(*bias32);
+    return out.to(out_dtype);
+  }
+  at::Tensor out = at::empty({p.m, p.n}, a.options().dtype(out_dtype));
+  Fp8BlockwiseArgs args = make_args(p, a, sfa, b, sfb);
+  const Fp8BlockwiseVariant* v = pick_variant(p, b_block, std::string(config), args.sm_count, &args);
+  args.bias = bias32 ? bias32->data_ptr<float>() : nullptr;
+  args.d = out.data_ptr();
+  args.ldd = p.n;
+  args.accumulate = false;
+  launch(v, args, a);
+  return out;
+}
+
+void fp8_gemm_nt_blockwise_acc(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                               const at::Tensor& sfb, int64_t b_block, const at::Tensor& out,
+                               c10::string_view config) {
+  const Problem p = check_args(a, sfa, b, sfb, b_block, out.scalar_type(), std::nullopt);
+  check_out(out, p);
+  check_device({&a, &sfa, &b, &sfb, &out});
+  const c10::cuda::CUDAGuard guard(a.device());
+  if (p.m == 0 || p.n == 0 || p.k == 0) return;
+  Fp8BlockwiseArgs args = make_args(p, a, sfa, b, sfb);
+  const Fp8BlockwiseVariant* v = pick_variant(p, b_block, std::string(config), args.sm_count, &args);
+  args.d = out.data_ptr();
+  args.ldd = p.m > 1 ? out.stride(0) : p.n;
+  args.accumulate = true;
+  launch(v, args, a);
+}
+
+at::Tensor fp8_gemm_nt_blockwise_meta(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                                      const at::Tensor& sfb, int64_t b_block, c10::ScalarType out_dtype,
+                                      const std::optional<at::Tensor>& bias, c10::string_view config) {
+  (void)sfa, (void)sfb, (void)bias, (void)config;
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2, kOp, "a and b must be 2-D");
+  TORCH_CHECK(a.scalar_type() == at::kFloat8_e4m3fn && b.scalar_type() == at::kFloat8_e4m3fn, kOp,
+              "a and b must be float8_e4m3fn codes");
+  TORCH_CHECK(b_block == 1 || b_block == 128, kOp, "b_block must be 1 or 128, got ", b_block);
+  out_kind(out_dtype);
+  return at::empty_symint({a.sym_size(0), b.sym_size(0)}, a.options().dtype(out_dtype));
+}
+
+void fp8_gemm_nt_blockwise_acc_meta(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                                    const at::Tensor& sfb, int64_t b_block, const at::Tensor& out,
+                                    c10::string_view config) {
+  (void)sfa, (void)sfb, (void)config;
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2, kOp, "a, b and out must be 2-D");
+  TORCH_CHECK(a.scalar_type() == at::kFloat8_e4m3fn && b.scalar_type() == at::kFloat8_e4m3fn, kOp,
+              "a and b must be float8_e4m3fn codes");
+  TORCH_CHECK(b_block == 1 || b_block == 128, kOp, "b_block must be 1 or 128, got ", b_block);
+  out_kind(out.scalar_type());
+}
+
+std::string fp8_gemm_nt_blockwise_config(int64_t m, int64_t n, int64_t k, int64_t b_block,
+                                         c10::ScalarType out_dtype, int64_t num_sms, c10::string_view config) {
+  TORCH_CHECK(b_block == 1 || b_block == 128, kOp, "b_block must be 1 or 128, got ", b_block);
+  TORCH_CHECK(m >= 0 && n >= 0 && k >= 0 && m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX, kOp,
+              "M, N, K must be in [0, 2^31)");
+  const Problem p{m, n, k, (k + kScaleK - 1) / kScaleK, out_kind(out_dtype)};
+  Fp8BlockwiseArgs args;
+  const Fp8BlockwiseVariant* v = pick_variant(p, b_block, std::string(config), int(num_sms), &args);
+  const char* raster = args.raster == gemm::Raster::kAlongM ? "m" : args.raster == gemm::Raster::kAlongN ? "n" : "auto";
+  return std::string(v->name) + " tile=" + std::to_string(v->tile_m) + "x" + std::to_string(v->tile_n) +
+         " schedule=" + v->schedule + " raster=" + raster + " swizzle=" + std::to_string(args.swizzle);
+}
+
+}  // namespace snip

@@ -1,0 +1,119 @@
+// Device-side building blocks shared by the quantize kernels: input loads, Philox words of a run of
+// elements, the codes of a run, and scale stores (plain or Blackwell layout).
+#pragma once
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "quant/quant_math.cuh"
+
+namespace snip::quant {
+
+template <Elem E> constexpr int kCodeBits = E == Elem::kE2M1 ? 4 : 8;
+
+// N consecutive input elements of a row, kept in the input type (16-bit inputs take half the
+// registers of float32 copies) and widened to float32 on use.
+template <typename T, int N>
+struct Run {
+  static_assert((N * sizeof(T)) % 16 == 0, "runs are whole 16-byte vectors");
+  uint4 raw[N * sizeof(T) / 16];
+  __device__ __forceinline__ float operator[](int i) const {
+    const T e = reinterpret_cast<const T*>(raw)[i];
+    if constexpr (std::is_same_v<T, float>) {
+      return e;
+    } else if constexpr (std::is_same_v<T, __half>) {
+      return __half2float(e);
+    } else {
+      return __bfloat162float(e);
+    }
+  }
+};
+
+// Loads elements c0 .. c0+N-1 of a row, zeros past `cols` (zero padding). `vec`: the row start is
+// 16-byte aligned, so a run fully inside the row moves as 16-byte vectors.
+template <typename T, int N>
+__device__ __forceinline__ void load_run(Run<T, N>& v, const T* row, int64_t c0, int64_t cols, bool vec) {
+  if (vec && c0 + N <= cols) {
+#pragma unroll
+    for (int j = 0; j < int(N * sizeof(T) / 16); ++j) v.raw[j] = __ldg(reinterpret_cast<const uint4*>(row + c0) + j);
+  } else {
+    using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint16_t>;  // zero bits are +0.0
+    Bits* e = reinterpret_cast<Bits*>(v.raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) e[i] = c0 + i < cols ? reinterpret_cast<const Bits*>(row)[c0 + i] : Bits(0);
+  }
+}
+
+// |v| as a bit pattern with NaN clamped to Inf: block maxima are integer maxima, "non-finite" >= Inf.
+__device__ __forceinline__ uint32_t abs_bits(float v) { return min(f2u(v) & kAbsMask, kInfBits); }
+
+// SR words of the N elements (row, c0 .. c0+N-1) of a [rows, cols] input (N a multiple of 4). With
+// cols % 4 == 0 and c0 % 4 == 0 one Philox block serves 4 elements; otherwise the 4-element groups
+// straddle rows and each element takes its own lane. Words past `cols` are never used (their
+// elements are zero padding, which rounds to 0 whatever the word).
+template <int N>
+__device__ __forceinline__ void run_words(uint32_t (&w)[N], int64_t row, int64_t c0, int64_t cols, uint64_t seed,
+                                          uint64_t offset) {
+  const uint64_t base = uint64_t(row) * uint64_t(cols) + uint64_t(c0);
+  if (cols % 4 == 0) {
+#pragma unroll
+    for (int g = 0; g < N / 4; ++g) {
+      const Words pw = philox((base >> 2) + g, seed, offset);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[4 * g + i] = pw.w[i];
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = c0 + i < cols ? element_word(base + i, seed, offset) : 0u;
+  }
+}
+
+// Codes of a run of N elements sharing one block scale, packed little-endian into 32-bit words
+// (FP8: byte i = element i; FP4: nibble i = element i, i.e. element 2j in the low nibble of byte j).
+// A non-finite scale (NaN/Inf block) gives all-zero codes, as the reference does.
+template <Elem E, bool kSR, typename T, int N>
+__device__ __forceinline__ void run_codes(uint32_t (&out)[N * kCodeBits<E> / 32], const Run<T, N>& v, float s,
+                                          const uint32_t (&w)[N]) {
+  constexpr int kBits = kCodeBits<E>;
+  constexpr int kPerWord = 32 / kBits;
+#pragma unroll
+  for (int k = 0; k < N / kPerWord; ++k) out[k] = 0;
+  if (!(fabsf(s) < INFINITY)) return;
+#pragma unroll
+  for (int i = 0; i < N; i += 2) {
+    const float a = div_rn(v[i], s), b = div_rn(v[i + 1], s);
+    uint32_t c2;
+    if constexpr (kSR) {
+      constexpr Format F = format_of(E);
+      c2 = round_to_code(a, F, true, w[i]) | (round_to_code(b, F, true, w[i + 1]) << kBits);
+    } else {
+      c2 = rne_codes2<E>(a, b);
+    }
+    out[i / kPerWord] |= c2 << (kBits * (i % kPerWord));
+  }
+}
+
+// Byte offset of scale (row r, block k) in the Blackwell layout for n blocks per row
+// (snip_ops/scale_layout.py: 128x4 atoms of 512 bytes, K-atoms contiguous).
+__device__ __forceinline__ int64_t blackwell_offset(int64_t r, int64_t k, int64_t n) {
+  return ((r >> 7) * ((n + 3) >> 2) + (k >> 2)) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + (k & 3);
+}
+
+// Stores the bits of block scale (r, k) of an output: 4 bytes for FP32/POW2, else one byte.
+__device__ __forceinline__ void store_scale(const Output& o, ScaleKind kind, int64_t r, int64_t k, uint32_t bits) {
+  if (o.blackwell) {
+    static_cast<uint8_t*>(o.scales)[blackwell_offset(r, k, o.nblk)] = uint8_t(bits);
+  } else if (kind == ScaleKind::kFP32 || kind == ScaleKind::kPow2) {
+    static_cast<uint32_t*>(o.scales)[r * o.nblk + k] = bits;
+  } else {
+    static_cast<uint8_t*>(o.scales)[r * o.nblk + k] = uint8_t(bits);
+  }
+}
+
+// The NVFP4 tensor scale from the device tensor amax (1 for other scale kinds, where it is unused).
+__device__ __forceinline__ float tensor_scale_of(const Args& a) {
+  return a.spec.scale == ScaleKind::kNVFP4 ? nvfp4_tensor_scale(*a.tensor_amax) : 1.0f;
+}
+
+}  // namespace snip::quant

@@ -1,0 +1,271 @@
+// The numerics of snip's quantizers, shared by the quantize and dequantize kernels: Philox4x32-10,
+// element rounding to codes (RNE and stochastic), block scales, decoding. Every function is
+// __host__ __device__ and reproduces snip_ops/{philox,cast,reference}.py bit for bit; each comment
+// names the Python line it mirrors. Compiled without fast-math: every float operation here is either
+// exact or a single correctly rounded IEEE operation, exactly as in the float32 PyTorch reference.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include <cuda_fp4.h>
+#include <cuda_fp8.h>
+
+#include "quant/quantize.h"
+
+#if defined(__CUDACC__)
+#define SNIP_QM __host__ __device__ __forceinline__
+#define SNIP_QM_CONSTEXPR __host__ __device__ constexpr
+#else
+#define SNIP_QM inline
+#define SNIP_QM_CONSTEXPR constexpr
+#endif
+
+namespace snip::quant {
+
+SNIP_QM uint32_t f2u(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+SNIP_QM float u2f(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+// IEEE division, spelled out so that no compiler flag can turn it into a reciprocal multiply.
+SNIP_QM float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+SNIP_QM float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
+constexpr uint32_t kInfBits = 0x7F800000u;
+constexpr uint32_t kNaNBits = 0x7FC00000u;  // torch's float('nan')
+
+// ---- Philox4x32-10 (snip_ops/philox.py) ---------------------------------------------------------
+
+struct Words {
+  uint32_t w[4];
+};
+
+SNIP_QM void mulhilo(uint32_t a, uint32_t m, uint32_t& hi, uint32_t& lo) {
+#if defined(__CUDA_ARCH__)
+  hi = __umulhi(a, m);
+  lo = a * m;
+#else
+  const uint64_t p = uint64_t(a) * m;
+  hi = uint32_t(p >> 32);
+  lo = uint32_t(p);
+#endif
+}
+
+// The four words of counter block `group` (= element index / 4) under (seed, offset).
+SNIP_QM Words philox(uint64_t group, uint64_t seed, uint64_t offset) {
+  uint32_t c0 = uint32_t(group), c1 = uint32_t(group >> 32), c2 = uint32_t(offset), c3 = uint32_t(offset >> 32);
+  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    if (r) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    uint32_t hi0, lo0, hi1, lo1;
+    mulhilo(c0, 0xD2511F53u, hi0, lo0);
+    mulhilo(c2, 0xCD9E8D57u, hi1, lo1);
+    const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+  }
+  return Words{{c0, c1, c2, c3}};
+}
+
+// The word of element `index` (its linear index in the unpadded, untransposed input).
+SNIP_QM uint32_t element_word(uint64_t index, uint64_t seed, uint64_t offset) {
+  const Words w = philox(index >> 2, seed, offset);
+  const uint32_t lane = uint32_t(index & 3);
+  return lane == 0 ? w.w[0] : lane == 1 ? w.w[1] : lane == 2 ? w.w[2] : w.w[3];
+}
+
+// ---- element formats (snip_ops/formats.py) ------------------------------------------------------
+
+// The numbers of one element format that the rounding and coding below need.
+struct Format {
+  int man_bits;        // m
+  int bias;
+  int emin_field;      // biased float32 exponent field of 2^emin (smallest normal)
+  uint32_t max_code;   // code of max_finite (sign excluded)
+  uint32_t nan_code;   // what cast.encode writes for NaN (sign excluded)
+  uint32_t inf_code;   // code of Inf, 0 when the format has none
+  bool has_nan;        // E2M1 has none: its nan_code is cast.encode's choice for NaN input only
+  int sign_shift;      // bits - 1
+};
+
+SNIP_QM_CONSTEXPR Format format_of(Elem e) {
+  switch (e) {
+    case Elem::kE4M3: return Format{3, 7, 127 - 6, 0x7E, 0x7F, 0, true, 7};
+    case Elem::kE5M2: return Format{2, 15, 127 - 14, 0x7B, 0x7E, 0x7C, true, 7};
+    case Elem::kE2M1: return Format{1, 1, 127 + 0, 0x7, 0x7, 0, false, 3};
+  }
+  return Format{};
+}
+
+SNIP_QM_CONSTEXPR float max_finite_of(Elem e) {
+  return e == Elem::kE4M3 ? 448.0f : e == Elem::kE5M2 ? 57344.0f : 6.0f;
+}
+
+// ---- element rounding: cast.round_to_format followed by cast.encode ------------------------------
+//
+// round_to_format keeps |v| to the quantum q = 2^(E - m), E = max(exponent(v), emin): t = |v| / q is
+// exact, its integer part the kept significand. In code space the rounded k * q is simply
+// ((E - emin) << m) + k: for E > emin, k in [2^m, 2^(m+1)] carries into the exponent field by itself,
+// and for E = emin (subnormal targets and the first binade) the code is k. Saturation at max_finite
+// is min(code, max_code) because codes are monotonic in the value.
+
+// The code (sign included) of float32 `v` in format `f`; `sr` selects stochastic rounding with the
+// top R = 23 - m bits of `word`.
+SNIP_QM uint32_t round_to_code(float v, const Format& f, bool sr, uint32_t word) {
+  const uint32_t bits = f2u(v);
+  const uint32_t sign = (bits >> 31) << f.sign_shift;
+  const uint32_t abs_bits = bits & kAbsMask;
+  if (abs_bits >= kInfBits) {  // reference: t = NaN -> NaN, except Inf kept where the format has it
+    return sign | (abs_bits == kInfBits && f.inf_code ? f.inf_code : f.nan_code);
+  }
+  const int efield = int(abs_bits >> 23) > f.emin_field ? int(abs_bits >> 23) : f.emin_field;
+  // 1 / q = 2^(m - E): a power of two whose exponent field stays in [1, 254] for every format here.
+  const float inv_q = u2f(uint32_t(254 + f.man_bits - efield) << 23);
+  const float t = mul_rn(u2f(abs_bits), inv_q);  // exact
+  float k;
+  if (!sr) {
+    k = rintf(t);  // half to even, as torch.round
+  } else {
+    const int r_bits = 23 - f.man_bits;
+    const float two_r = u2f(uint32_t(127 + r_bits) << 23);
+    const float fl = floorf(t);
+    const float top = floorf(mul_rn(t - fl, two_r));        // the top R dropped bits, exact
+    const float rnd = float(word >> (32 - r_bits));         // exact: < 2^22
+    k = fl + ((top + rnd >= two_r) ? 1.0f : 0.0f);          // carry of the R-bit addition
+  }
+  const uint32_t code = (uint32_t(efield - f.emin_field) << f.man_bits) + uint32_t(k);
+  return sign | (code < f.max_code ? code : f.max_code);
+}
+
+// cast.decode for the formats here (NaN codes give NaN, Inf codes +-Inf).
+SNIP_QM float decode(uint32_t code, const Format& f) {
+  const uint32_t mag = code & ((1u << f.sign_shift) - 1);
+  const bool neg = (code >> f.sign_shift) & 1;
+  float a;
+  if (f.inf_code && mag == f.inf_code) {
+    a = u2f(kInfBits);
+  } else if (f.has_nan && (mag == f.nan_code || (f.inf_code && mag > f.inf_code))) {
+    a = u2f(kNaNBits);
+  } else {
+    const uint32_t efield = mag >> f.man_bits, mant = mag & ((1u << f.man_bits) - 1);
+    // value = (efield ? 2^m + mant : mant) * 2^(max(efield, 1) - bias - m), exact in float32
+    const uint32_t sig = efield ? (mant | (1u << f.man_bits)) : mant;
+    const int exp = int(efield ? efield : 1) - f.bias - f.man_bits;
+    a = mul_rn(float(sig), u2f(uint32_t(127 + exp) << 23));
+  }
+  return neg ? -a : a;
+}
+
+// ---- block scales (reference._block_scales, reference._nvfp4_tensor_scale) -----------------------
+
+// A block's float32 element scale (what x is divided by) and the bits stored in the scales tensor:
+// the float32 pattern (FP32, POW2) or one byte (E8M0, NVFP4's E4M3).
+struct BlockScale {
+  float s;
+  uint32_t stored;
+};
+
+// amax_bits: the block's max |x| as a float32 bit pattern with NaN clamped to Inf (integer order on
+// non-negative floats is float order, so the block max is an integer max and "non-finite" is >= Inf).
+SNIP_QM BlockScale block_scale(uint32_t amax_bits, ScaleKind kind, Elem elem, float tensor_scale) {
+  const bool finite = amax_bits < kInfBits;
+  const float amax = u2f(amax_bits);
+  if (kind == ScaleKind::kNVFP4) {
+    constexpr Format e4m3 = format_of(Elem::kE4M3);
+    uint32_t b;
+    if (!finite || !(fabsf(tensor_scale) < INFINITY)) {
+      b = e4m3.nan_code;                                  // torch.full_like(nan) -> 0x7F
+    } else if (amax_bits == 0) {
+      b = 0x38;                                           // 1.0
+    } else {
+      b = round_to_code(div_rn(amax, mul_rn(tensor_scale, 6.0f)), e4m3, false, 0);
+      if ((b & 0x7F) == 0) b = 1;                         // +-0 -> E4M3 min subnormal
+    }
+    return BlockScale{mul_rn(decode(b, e4m3), tensor_scale), b};
+  }
+  float s;
+  if (!finite) {
+    s = u2f(kNaNBits);
+  } else if (amax_bits == 0) {
+    s = 1.0f;
+  } else {
+    s = div_rn(amax, max_finite_of(elem));
+    if (s == 0.0f) s = u2f(1u);                           // 2^-149: a subnormal amax underflowed
+    if (kind != ScaleKind::kFP32) {                       // round up to a power of two on the bits
+      uint32_t b = f2u(s);
+      if (b & 0x7FFFFFu) b = (b + 0x7FFFFFu) & 0xFF800000u;
+      s = u2f(b);
+    }
+    if (kind == ScaleKind::kE8M0 && f2u(s) < 0x00400000u) s = u2f(0x00400000u);  // >= 2^-127
+  }
+  if (kind != ScaleKind::kE8M0) return BlockScale{s, f2u(s)};
+  // torch's float -> float8_e8m0fnu: NaN -> 0xFF, 2^-127 (a float32 subnormal) -> 0, else the exponent.
+  const uint32_t bits = f2u(s);
+  return BlockScale{s, !finite ? 0xFFu : bits == 0x00400000u ? 0u : bits >> 23};
+}
+
+// reference._nvfp4_tensor_scale: t = tensor_amax / (448 * 6), never 0 for a positive amax, 1 for a
+// zero amax, NaN for a non-finite one.
+SNIP_QM float nvfp4_tensor_scale(float tensor_amax) {
+  if (!(fabsf(tensor_amax) < INFINITY)) return u2f(kNaNBits);
+  if (tensor_amax == 0.0f) return 1.0f;
+  const float t = div_rn(tensor_amax, 448.0f * 6.0f);
+  return (t == 0.0f && tensor_amax > 0.0f) ? u2f(1u) : t;
+}
+
+// ---- codes of a block's elements ---------------------------------------------------------------
+
+// Codes of two elements already divided by the scale (finite block), round to nearest even.
+// FP8 uses the hardware satfinite conversion (sm_89+), which is this rounding exactly; E2M1 uses it
+// only where it exists (sm_100a), the arithmetic above elsewhere.
+template <Elem E>
+SNIP_QM uint32_t rne_codes2(float a, float b) {
+  if constexpr (E == Elem::kE4M3 || E == Elem::kE5M2) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, E == Elem::kE4M3 ? __NV_E4M3 : __NV_E5M2);
+  } else {
+#if defined(__CUDA_ARCH_FEAT_SM100_ALL)
+    return __nv_cvt_float2_to_fp4x2(make_float2(a, b), __NV_E2M1, cudaRoundNearest);
+#else
+    constexpr Format f = format_of(E);
+    return round_to_code(a, f, false, 0) | (round_to_code(b, f, false, 0) << 4);
+#endif
+  }
+}
+
+}  // namespace snip::quant

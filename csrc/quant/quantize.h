@@ -1,0 +1,63 @@
+// Launchers of the quantization kernels (snip_C::quantize). Plain CUDA types only, so the .cu files
+// never include torch headers. Semantics: snip_ops.reference.quantize, bit for bit; the layouts of
+// the optional GEMM-ready outputs: snip_ops.scale_layout.
+#pragma once
+#include <cstdint>
+#include <cuda_runtime_api.h>
+
+namespace snip::quant {
+
+enum class InputDType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+enum class Elem : int { kE4M3 = 0, kE5M2 = 1, kE2M1 = 2 };
+enum class ScaleKind : int { kFP32 = 0, kPow2 = 1, kE8M0 = 2, kNVFP4 = 3 };
+
+// The kernel-backed subset of formats.QuantSpec: blocks (1, 16|32|128) or (16|128, same).
+struct Spec {
+  Elem elem;
+  int block_rows;
+  int block_cols;
+  ScaleKind scale;
+  bool sr;
+};
+
+// One output direction: codes of x (row) or of x^T (col), blocks running along its rows.
+// `codes == nullptr`: not requested.
+struct Output {
+  void* codes = nullptr;     // [outer, inner_store] codes (FP4: packed, ceil(inner_store / 2) bytes per row)
+  int64_t ld = 0;            // row stride of `codes`, bytes
+  int64_t inner_store = 0;   // elements per row written: the inner extent plus zero padding
+  void* scales = nullptr;    // plain: [outer blocks, nblk] row-major; or the Blackwell layout
+  int64_t nblk = 0;          // scales per row = ceil(inner_store / block along the inner dim)
+  bool blackwell = false;    // scales in CUTLASS's Sm1xxBlockScaledConfig layout (1-byte scales)
+  uint64_t offset = 0;       // Philox offset of this output's SR bits
+};
+
+struct Args {
+  const void* x;             // [rows, cols], unit stride along cols
+  InputDType dtype;
+  int64_t rows, cols, ld;    // ld: row stride of x, elements
+  Spec spec;
+  uint64_t seed;
+  Output row, col;
+  const float* tensor_amax;  // NVFP4: device float32 tensor amax (read by the kernels, no host sync)
+  float* tensor_scale;       // NVFP4: device float32 written with the tensor scale
+};
+
+// Row-wise only with 1-D blocks: one pass, a thread per 16 consecutive elements (quantize_rows.cu).
+cudaError_t launch_quantize_rows(const Args& a, cudaStream_t stream);
+// Column-wise, row+column fused, and 2-D blocks: 128x128 tiles through shared memory (quantize_tile.cu).
+cudaError_t launch_quantize_tile(const Args& a, cudaStream_t stream);
+// max |x| of the whole tensor into *amax (which must hold +0.0 before the launch); NaN/Inf give a
+// non-finite result (quantize_amax.cu).
+cudaError_t launch_quantize_tensor_amax(const void* x, InputDType dtype, int64_t rows, int64_t cols, int64_t ld,
+                                        float* amax, cudaStream_t stream);
+
+// Codes + plain scales -> float32 or bfloat16 values [rows, cols] contiguous (dequantize.cu).
+// `codes` [rows, >= cols] with row stride ld bytes; scales [>= ceil(rows / block_rows),
+// >= ceil(cols / block_cols)] with row stride lds elements, float32 or one byte (E8M0 / E4M3);
+// tensor_scale: NVFP4 device float32, else nullptr.
+cudaError_t launch_dequantize(const void* codes, int64_t ld, const void* scales, int64_t lds, const float* tensor_scale,
+                              const Spec& spec, int64_t rows, int64_t cols, void* out, bool out_bf16,
+                              cudaStream_t stream);
+
+}  // namespace snip::quant

@@ -1,0 +1,198 @@
+// Torch-facing side of snip_C::quantize: argument checks, output shapes and allocation, the NVFP4
+// tensor-amax pass, kernel choice, and the Meta (fake) implementation that lets torch.compile
+// trace the op.
+//
+// Outputs (unrequested ones are empty [0] tensors of their dtype):
+//   codes   [M, Kp]            x quantized with blocks along its rows (FP4: [M, ceil(Kp / 2)] packed)
+//   scales  plain [ceil(M / br), ceil(Kp / bc)], or Blackwell [round_up(M, 128), round_up(ceil(Kp / bc), 4)]
+//   codes_t [K, Mp]            x^T quantized with blocks along its rows (the columns of x)
+//   scales_t                   the same for x^T (2-D blocks: the same values as `scales`, transposed)
+//   tensor_scale               0-d float32 (NVFP4), else [0]
+// where Kp = round_up(K, pad), Mp = round_up(M, pad): each output is the reference quantization of
+// its operand zero-padded along its inner (reduction) dimension, which is what TMA / the GEMM's K
+// tiling want. Padding elements get code 0; blocks made only of padding get scale 1. SR bits
+// depend on the element's index in the unpadded x only, so padding never shifts them.
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "ops.h"
+#include "quant/quantize.h"
+#include "quant/spec.h"
+
+namespace snip {
+namespace {
+
+constexpr const char* kOp = "snip_C::quantize: ";
+using quant::Spec;
+
+c10::SymInt ceil_div(const c10::SymInt& a, int64_t b) { return (a + (b - 1)) / b; }
+c10::SymInt round_up(const c10::SymInt& a, int64_t b) { return ceil_div(a, b) * b; }
+
+// Shapes of one output: `outer` rows of `inner` elements (before padding), blocks of `bo` rows x
+// `bi` elements along the inner dimension.
+std::pair<std::vector<c10::SymInt>, std::vector<c10::SymInt>> output_shapes(
+    const Spec& s, const c10::SymInt& outer, const c10::SymInt& inner, int64_t pad, bool blackwell) {
+  const int64_t bi = s.block_cols, bo = s.block_rows;  // square 2-D blocks: bo == bi
+  const c10::SymInt inner_store = round_up(inner, pad);
+  const c10::SymInt width = s.elem == quant::Elem::kE2M1 ? ceil_div(inner_store, 2) : inner_store;
+  const c10::SymInt nblk = ceil_div(inner_store, bi);
+  if (blackwell) return {{outer, width}, {round_up(outer, 128), round_up(nblk, 4)}};
+  return {{outer, width}, {ceil_div(outer, bo), nblk}};
+}
+
+struct Checked {
+  Spec spec;
+  quant::InputDType dtype;
+};
+
+Checked check_args(const at::Tensor& x, c10::string_view spec, bool rowwise, bool colwise,
+                   const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad) {
+  TORCH_CHECK(x.dim() == 2, kOp, "x must be 2-D [rows, cols], got ", x.dim(), "-D");
+  const quant::InputDType dt = quant::input_dtype(x.scalar_type(), kOp);
+  // sym_: reading a plain stride would specialize every symbolic size under torch.compile.
+  TORCH_CHECK(x.sym_stride(1) == 1 || x.sym_size(1) <= 1, kOp,
+              "x must have unit stride along its last dimension (any row stride is fine); call .contiguous()");
+  const Spec s = quant::parse_spec(spec, kOp);
+  TORCH_CHECK(rowwise || colwise, kOp, "request rowwise and/or colwise outputs");
+  TORCH_CHECK(pad >= 1, kOp, "pad must be >= 1, got ", pad);
+  TORCH_CHECK(!blackwell_sf || ((s.scale == quant::ScaleKind::kE8M0 || s.scale == quant::ScaleKind::kNVFP4) &&
+                                (s.block_cols == 16 || s.block_cols == 32)),
+              kOp, "blackwell_sf needs 1-byte scales (e8m0, nvfp4) on 16- or 32-element blocks, got spec ", spec);
+  if (tensor_amax.has_value()) {
+    TORCH_CHECK(s.scale == quant::ScaleKind::kNVFP4, kOp, "tensor_amax is only used by nvfp4 scaling");
+    TORCH_CHECK(tensor_amax->numel() == 1 && at::isFloatingType(tensor_amax->scalar_type()), kOp,
+                "tensor_amax must be a one-element floating tensor, got ", tensor_amax->sizes(), " ",
+                tensor_amax->scalar_type());
+  }
+  return {s, dt};
+}
+
+using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// Allocates every output (`zero_padded_sf`: Blackwell scales whose atoms are not all covered by
+// real blocks start as zeros, so their padding is finite).
+Result allocate(const at::Tensor& x, const Spec& s, bool rowwise, bool colwise, bool blackwell, int64_t pad,
+                bool zero_padded_sf) {
+  const c10::SymInt M = x.sym_size(0), K = x.sym_size(1);
+  const auto codes_opt = x.options().dtype(quant::codes_dtype(s));
+  const auto scales_opt = x.options().dtype(quant::scales_dtype(s));
+  auto scales_alloc = [&](const std::vector<c10::SymInt>& shape) {
+    if (zero_padded_sf && blackwell) return at::zeros_symint(shape, scales_opt);
+    return at::empty_symint(shape, scales_opt);
+  };
+  const std::vector<c10::SymInt> none{c10::SymInt(0)};
+  at::Tensor codes = at::empty_symint(none, codes_opt), scales = at::empty_symint(none, scales_opt);
+  at::Tensor codes_t = codes, scales_t = scales;
+  if (rowwise) {
+    const auto [c, sc] = output_shapes(s, M, K, pad, blackwell);
+    codes = at::empty_symint(c, codes_opt);
+    scales = scales_alloc(sc);
+  }
+  if (colwise) {
+    const auto [c, sc] = output_shapes(s, K, M, pad, blackwell);
+    codes_t = at::empty_symint(c, codes_opt);
+    scales_t = scales_alloc(sc);
+  }
+  const bool nvfp4 = s.scale == quant::ScaleKind::kNVFP4;
+  at::Tensor tensor_scale = at::empty_symint(nvfp4 ? std::vector<c10::SymInt>{} : none, x.options().dtype(at::kFloat));
+  return {codes, scales, codes_t, scales_t, tensor_scale};
+}
+
+quant::Output output_of(const at::Tensor& codes, const at::Tensor& scales, const Spec& s, int64_t inner, int64_t pad,
+                        bool blackwell, uint64_t offset) {
+  quant::Output o;
+  o.codes = codes.data_ptr();
+  o.ld = codes.stride(0);  // 1-byte codes: elements are bytes
+  o.inner_store = (inner + pad - 1) / pad * pad;
+  o.scales = scales.data_ptr();
+  o.nblk = (o.inner_store + s.block_cols - 1) / s.block_cols;
+  o.blackwell = blackwell;
+  o.offset = offset;
+  return o;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
+    const at::Tensor& x, c10::string_view spec, bool rowwise, bool colwise, int64_t seed, int64_t offset,
+    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad) {
+  const auto [s, dt] = check_args(x, spec, rowwise, colwise, tensor_amax, blackwell_sf, pad);
+  TORCH_CHECK(x.is_cuda(), kOp, "x must be a CUDA tensor, got device ", x.device(),
+              " (on the CPU use snip_ops.quantize, which runs the reference)");
+  const int64_t M = x.size(0), K = x.size(1);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  // Blackwell atoms cover 128 rows x 4 blocks: zero-fill only when real blocks leave some uncovered.
+  auto padded_sf = [&](int64_t outer, int64_t inner) {
+    const int64_t nblk = ((inner + pad - 1) / pad * pad + s.block_cols - 1) / s.block_cols;
+    return outer % 128 != 0 || nblk % 4 != 0;
+  };
+  const bool zero_sf = blackwell_sf && ((rowwise && padded_sf(M, K)) || (colwise && padded_sf(K, M)));
+  auto [codes, scales, codes_t, scales_t, tensor_scale] = allocate(x, s, rowwise, colwise, blackwell_sf, pad, zero_sf);
+
+  const bool nvfp4 = s.scale == quant::ScaleKind::kNVFP4;
+  at::Tensor amax;
+  if (nvfp4) {
+    if (tensor_amax.has_value()) {
+      amax = tensor_amax->to(x.device(), at::kFloat).reshape({}).contiguous();
+    } else {
+      amax = at::zeros({}, x.options().dtype(at::kFloat));
+      C10_CUDA_CHECK(quant::launch_quantize_tensor_amax(x.data_ptr(), dt, M, K, x.stride(0), amax.data_ptr<float>(),
+                                                        stream));
+    }
+  }
+  if (M == 0 || K == 0) {
+    // No block to quantize; the tensor scale is still defined (reference._nvfp4_tensor_scale).
+    if (nvfp4) {
+      const at::Tensor t = amax / (448.0 * 6.0);
+      const at::Tensor tiny = at::full({}, std::ldexp(1.0f, -149), t.options());
+      const at::Tensor nan = at::full({}, std::numeric_limits<float>::quiet_NaN(), t.options());
+      at::Tensor ts = at::where(t.eq(0).logical_and(amax.gt(0)), tiny, t);
+      ts = at::where(amax.eq(0), at::ones_like(ts), at::where(at::isfinite(amax), ts, nan));
+      tensor_scale.copy_(ts);
+    }
+    return {codes, scales, codes_t, scales_t, tensor_scale};
+  }
+
+  quant::Args a{};
+  a.x = x.data_ptr();
+  a.dtype = dt;
+  a.rows = M;
+  a.cols = K;
+  a.ld = x.stride(0);
+  a.spec = s;
+  a.seed = uint64_t(seed);
+  if (rowwise) a.row = output_of(codes, scales, s, K, pad, blackwell_sf, uint64_t(offset));
+  if (colwise) a.col = output_of(codes_t, scales_t, s, M, pad, blackwell_sf, uint64_t(offset_t));
+  a.tensor_amax = nvfp4 ? amax.data_ptr<float>() : nullptr;
+  a.tensor_scale = nvfp4 ? tensor_scale.data_ptr<float>() : nullptr;
+  const bool rows_kernel = !colwise && s.block_rows == 1;
+  C10_CUDA_CHECK(rows_kernel ? quant::launch_quantize_rows(a, stream) : quant::launch_quantize_tile(a, stream));
+  return {codes, scales, codes_t, scales_t, tensor_scale};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_meta(
+    const at::Tensor& x, c10::string_view spec, bool rowwise, bool colwise, int64_t seed, int64_t offset,
+    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad) {
+  (void)seed, (void)offset, (void)offset_t;
+  const auto [s, dt] = check_args(x, spec, rowwise, colwise, tensor_amax, blackwell_sf, pad);
+  (void)dt;
+  return allocate(x, s, rowwise, colwise, blackwell_sf, pad, false);
+}
+
+}  // namespace snip

@@ -1,0 +1,116 @@
+// Row-wise quantization with 1-D blocks (1x16, 1x32, 1x128 along the columns): the activation /
+// gradient path of fprop and dgrad, and every MX / NVFP4 operand along K.
+//
+// Work split: a thread owns 16 consecutive elements of a row, the B/16 threads of a block are
+// consecutive lanes (1, 2 or 8), so the block amax is 0, 1 or 3 xor-shuffles. Per element: one
+// 16-byte-vector load share, one IEEE divide, the rounding (hardware cvt for RNE where it exists,
+// the arithmetic of quant_math.cuh otherwise; SR adds one Philox4x32-10 block per 4 elements), and
+// one vector store share (16 bytes of FP8 or 8 bytes of FP4 codes per thread). Memory-bound by design.
+#include "quant/quant_io.cuh"
+
+namespace snip::quant {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRun = 16;  // elements per thread
+
+// vec_in: x rows start 16-byte aligned; vec_out: code rows allow one vector store per thread.
+template <typename T, Elem E, bool kSR>
+__global__ void __launch_bounds__(kThreads)
+quantize_rows_kernel(const Args a, const bool vec_in, const bool vec_out) {
+  constexpr int kWords = kRun * kCodeBits<E> / 32;
+  const Output& o = a.row;
+  const int group = a.spec.block_cols / kRun;  // threads per block: 1, 2 or 8
+  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t blk = t >> (__ffs(group) - 1);
+  const int sub = int(t & (group - 1));
+  const int64_t nblocks = a.rows * o.nblk;
+  const bool live = blk < nblocks;  // no early return: the whole warp shuffles below
+  int64_t row = 0, k = 0;
+  if (live) {  // 32-bit division where it fits: a 64-bit one costs several times more
+    if (nblocks <= 0xFFFFFFFFll) {
+      row = uint32_t(blk) / uint32_t(o.nblk);
+    } else {
+      row = blk / o.nblk;
+    }
+    k = blk - row * o.nblk;
+  }
+  const int64_t c0 = k * a.spec.block_cols + int64_t(sub) * kRun;
+
+  Run<T, kRun> v;
+  load_run(v, static_cast<const T*>(a.x) + row * a.ld, c0, live ? a.cols : 0, vec_in);
+  uint32_t amax = 0;
+#pragma unroll
+  for (int i = 0; i < kRun; ++i) amax = max(amax, abs_bits(v[i]));
+  for (int m = group / 2; m > 0; m /= 2) amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
+
+  const float ts = tensor_scale_of(a);
+  const BlockScale bs = block_scale(amax, a.spec.scale, E, ts);
+  if (live && sub == 0) store_scale(o, a.spec.scale, row, k, bs.stored);
+  if (t == 0 && a.tensor_scale != nullptr) *a.tensor_scale = ts;
+  if (!live || c0 >= o.inner_store) return;
+
+  uint32_t w[kRun] = {};
+  if constexpr (kSR) run_words<kRun>(w, row, c0, a.cols, a.seed, o.offset);
+  uint32_t codes[kWords];
+  run_codes<E, kSR>(codes, v, bs.s, w);
+
+  constexpr int kBytes = kWords * 4;
+  uint8_t* dst = static_cast<uint8_t*>(o.codes) + row * o.ld + c0 * kCodeBits<E> / 8;
+  if (vec_out && c0 + kRun <= o.inner_store) {
+    if constexpr (kWords == 4) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(codes[0], codes[1], codes[2], codes[3]);
+    } else {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(codes[0], codes[1]);
+    }
+  } else {
+    // The partial run at the end of a row: store the bytes that hold elements < inner_store.
+    const int64_t elems_per_byte = 8 / kCodeBits<E>;
+#pragma unroll
+    for (int b = 0; b < kBytes; ++b)
+      if (c0 + b * elems_per_byte < o.inner_store) dst[b] = uint8_t(codes[b / 4] >> (8 * (b % 4)));
+  }
+}
+
+template <typename T, Elem E, bool kSR>
+cudaError_t launch(const Args& a, cudaStream_t stream) {
+  const int64_t threads = a.rows * a.row.nblk * (a.spec.block_cols / kRun);
+  const int64_t ctas = (threads + kThreads - 1) / kThreads;
+  if (ctas > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  const bool vec_in = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && (a.ld * int64_t(sizeof(T))) % 16 == 0;
+  constexpr int kOutBytes = kRun * kCodeBits<E> / 8;
+  const bool vec_out = reinterpret_cast<uintptr_t>(a.row.codes) % kOutBytes == 0 && a.row.ld % kOutBytes == 0;
+  quantize_rows_kernel<T, E, kSR><<<unsigned(ctas), kThreads, 0, stream>>>(a, vec_in, vec_out);
+  return cudaGetLastError();
+}
+
+template <typename T, Elem E>
+cudaError_t launch_rounding(const Args& a, cudaStream_t stream) {
+  return a.spec.sr ? launch<T, E, true>(a, stream) : launch<T, E, false>(a, stream);
+}
+
+template <typename T>
+cudaError_t launch_elem(const Args& a, cudaStream_t stream) {
+  switch (a.spec.elem) {
+    case Elem::kE4M3: return launch_rounding<T, Elem::kE4M3>(a, stream);
+    case Elem::kE5M2: return launch_rounding<T, Elem::kE5M2>(a, stream);
+    case Elem::kE2M1: return launch_rounding<T, Elem::kE2M1>(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t launch_quantize_rows(const Args& a, cudaStream_t stream) {
+  if (a.spec.block_rows != 1 || a.spec.block_cols % kRun != 0 || 32 % (a.spec.block_cols / kRun) != 0 ||
+      a.row.codes == nullptr || a.col.codes != nullptr)
+    return cudaErrorInvalidValue;
+  switch (a.dtype) {
+    case InputDType::kFloat32: return launch_elem<float>(a, stream);
+    case InputDType::kFloat16: return launch_elem<__half>(a, stream);
+    case InputDType::kBFloat16: return launch_elem<__nv_bfloat16>(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace snip::quant

@@ -1,0 +1,293 @@
+// Quantization through 128x128 tiles: column-wise (codes of x^T), row+column fused in one pass over
+// x (DESIGN.md §3: x for fprop and x^T for wgrad, dy for dgrad and dy^T for wgrad), and 2-D blocks
+// (16x16, 128x128: the weight blocks shared by w and w^T), with either or both outputs.
+//
+// Each CTA (512 threads) owns one 128x128 tile of x; a thread owns a 4-row x 8-column patch,
+// lanes laid out so that a warp covers 32 rows x 32 columns:
+//   row quad  rq = (warp % 4) * 8 + lane % 8   -> rows 4rq .. 4rq+3 of the tile
+//   col octet cc = (warp / 4) * 4 + lane / 8   -> columns 8cc .. 8cc+7
+// Block maxima: per thread over its patch, then xor-shuffles over the lanes that share a block
+// (lane bits 0-2 step rq, bits 3-4 step cc) and, for 128-long blocks, a shared-memory step across
+// the 4 warps that share them. Every code is computed in this row-major layout, so SR draws one
+// Philox block per 4 consecutive elements of a row, exactly the reference's counter blocks. Codes of
+// x^T go to shared memory transposed (one 32-bit / 16-bit store per patch column, conflict-free
+// with the padded pitch) and leave as coalesced 32-bit stores along the rows of x^T.
+// __launch_bounds__(512, 2) caps registers at 64 so that two CTAs share an SM and one loads while
+// the other computes (a few bytes spill on 16-bit inputs, more on float32).
+#include <algorithm>
+
+#include "quant/quant_io.cuh"
+
+namespace snip::quant {
+namespace {
+
+constexpr int kTile = 128;
+constexpr int kThreads = 512;
+constexpr int kPatchRows = 4;
+constexpr int kPatchCols = 8;
+
+__device__ __forceinline__ uint32_t warp_max(uint32_t v, int lane_bits) {
+#pragma unroll
+  for (int m = 1; m < 32; m *= 2)
+    if (lane_bits & m) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, m));
+  return v;
+}
+
+// Lane bits that step through `n` row quads (n <= 8) or `n` column octets (n <= 4, bits 3-4).
+__host__ __device__ constexpr int rq_bits(int n) { return n - 1; }
+__host__ __device__ constexpr int cc_bits(int n) { return (n - 1) << 3; }
+
+struct Flags {
+  bool vec_in;     // x rows 16-byte aligned
+  bool vec_row;    // code rows of x allow one 8-byte (FP8) / 4-byte (FP4) store per patch row
+  bool vec_col;    // code rows of x^T allow 32-bit stores
+};
+
+template <typename T, Elem E, bool kSR>
+__global__ void __launch_bounds__(kThreads, 2)
+quantize_tile_kernel(const Args a, const Flags f) {
+  constexpr bool kFp4 = E == Elem::kE2M1;
+  constexpr int kBits = kCodeBits<E>;
+  // x^T codes of the tile: one row per tile column; +4 bytes make the pitch an odd number of words.
+  constexpr int kPitch = kTile * kBits / 8 + 4;
+  __shared__ __align__(16) uint8_t tcodes[kTile * kPitch];
+  __shared__ uint32_t red_row[4][kTile];  // per tile row, partial maxima of the 4 column quarters
+  __shared__ uint32_t red_col[4][kTile];  // per tile column, partial maxima of the 4 row quarters
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rq = (warp % 4) * 8 + lane % 8;
+  const int cc = (warp / 4) * 4 + lane / 8;
+  const int64_t tiles_c = (max(a.cols, a.row.inner_store) + kTile - 1) / kTile;
+  const int64_t tile_r = int64_t(blockIdx.x) / tiles_c * kTile, tile_c = int64_t(blockIdx.x) % tiles_c * kTile;
+  const int64_t r0 = tile_r + kPatchRows * rq, c0 = tile_c + kPatchCols * cc;
+  const bool rows_out = a.row.codes != nullptr, cols_out = a.col.codes != nullptr;
+  const bool two_d = a.spec.block_rows > 1;
+  const int B = a.spec.block_cols;  // 1-D: block length, along x's rows for x, along its columns for x^T
+
+  Run<T, kPatchCols> v[kPatchRows];
+#pragma unroll
+  for (int j = 0; j < kPatchRows; ++j) {
+    const bool in = r0 + j < a.rows;
+    load_run(v[j], static_cast<const T*>(a.x) + (in ? r0 + j : 0) * a.ld, c0, in ? a.cols : 0, f.vec_in);
+  }
+  uint32_t rmax[kPatchRows] = {}, cmax[kPatchCols] = {};
+#pragma unroll
+  for (int j = 0; j < kPatchRows; ++j)
+#pragma unroll
+    for (int i = 0; i < kPatchCols; ++i) {
+      const uint32_t b = abs_bits(v[j][i]);
+      rmax[j] = max(rmax[j], b);
+      cmax[i] = max(cmax[i], b);
+    }
+
+  // ---- block maxima ----
+  if (two_d) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int j = 0; j < kPatchRows; ++j) m = max(m, rmax[j]);
+    if (a.spec.block_rows == kTile) {  // one block per tile: whole warp, then all 16 warps
+      m = warp_max(m, 31);
+      if (lane == 0) red_row[0][warp] = m;
+      __syncthreads();
+#pragma unroll
+      for (int w = 0; w < kThreads / 32; ++w) m = max(m, red_row[0][w]);
+    } else {  // 16x16: 4 row quads x 2 column octets, inside the warp
+      m = warp_max(m, rq_bits(4) | cc_bits(2));
+    }
+#pragma unroll
+    for (int j = 0; j < kPatchRows; ++j) rmax[j] = m;
+#pragma unroll
+    for (int i = 0; i < kPatchCols; ++i) cmax[i] = m;
+  } else {
+    const int nc = B / kPatchCols, nr = B / kPatchRows;  // patches per block along a row / a column
+    if (rows_out) {
+#pragma unroll
+      for (int j = 0; j < kPatchRows; ++j) rmax[j] = warp_max(rmax[j], cc_bits(min(nc, 4)));
+    }
+    if (cols_out) {
+#pragma unroll
+      for (int i = 0; i < kPatchCols; ++i) cmax[i] = warp_max(cmax[i], rq_bits(min(nr, 8)));
+    }
+    if (B == kTile) {  // 128-long blocks span the 4 warps of a quarter: combine through shared memory
+      if (rows_out && lane / 8 == 0) {
+#pragma unroll
+        for (int j = 0; j < kPatchRows; ++j) red_row[warp / 4][kPatchRows * rq + j] = rmax[j];
+      }
+      if (cols_out && lane % 8 == 0) {
+#pragma unroll
+        for (int i = 0; i < kPatchCols; ++i) red_col[warp % 4][kPatchCols * cc + i] = cmax[i];
+      }
+      __syncthreads();
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        if (rows_out) {
+#pragma unroll
+          for (int j = 0; j < kPatchRows; ++j) rmax[j] = max(rmax[j], red_row[q][kPatchRows * rq + j]);
+        }
+        if (cols_out) {
+#pragma unroll
+          for (int i = 0; i < kPatchCols; ++i) cmax[i] = max(cmax[i], red_col[q][kPatchCols * cc + i]);
+        }
+      }
+    }
+  }
+
+  // ---- scales: element scales kept, stored bits written by one thread per (output row, block) ----
+  const float ts = tensor_scale_of(a);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && a.tensor_scale != nullptr) *a.tensor_scale = ts;
+  const int br = two_d ? a.spec.block_rows : B;  // block length along x's columns for x^T
+  float rs[kPatchRows], cs[kPatchCols];
+  if (rows_out) {
+    // 2-D plain: one scale per block; otherwise one per row of a block (the Blackwell layout
+    // repeats a 16x16 block's scale on each of its rows).
+    const bool per_row = !two_d || a.row.blackwell;
+    const bool writer = cc % (B / kPatchCols) == 0 && c0 < a.row.inner_store &&
+                        (per_row || rq % (br / kPatchRows) == 0);
+#pragma unroll
+    for (int j = 0; j < kPatchRows; ++j) {
+      const BlockScale bs = block_scale(rmax[j], a.spec.scale, E, ts);
+      rs[j] = bs.s;
+      if (writer && r0 + j < a.rows && (per_row || j == 0))
+        store_scale(a.row, a.spec.scale, per_row ? r0 + j : r0 / br, c0 / B, bs.stored);
+    }
+  }
+  if (cols_out) {
+    const bool per_row = !two_d || a.col.blackwell;
+    const bool writer = rq % (br / kPatchRows) == 0 && r0 < a.col.inner_store &&
+                        (per_row || cc % (B / kPatchCols) == 0);
+#pragma unroll
+    for (int i = 0; i < kPatchCols; ++i) {
+      const BlockScale bs = block_scale(cmax[i], a.spec.scale, E, ts);
+      cs[i] = bs.s;
+      if (writer && c0 + i < a.cols && (per_row || i == 0))
+        store_scale(a.col, a.spec.scale, per_row ? c0 + i : c0 / B, r0 / br, bs.stored);
+    }
+  }
+
+  // ---- codes ----
+  // x^T codes of patch column i, rows 4rq .. 4rq+3 packed (row 4rq + j at bits j * kBits): one
+  // shared-memory store per column once the patch is done.
+  uint32_t tcol[kPatchCols] = {};
+  // Both outputs draw the same bits when their offsets agree: one Philox stream then serves both.
+  const bool same_bits = rows_out && a.row.offset == a.col.offset;
+#pragma unroll
+  for (int j = 0; j < kPatchRows; ++j) {
+    uint32_t w[kPatchCols] = {};
+    if (kSR && rows_out && r0 + j < a.rows) run_words<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.row.offset);
+    if (rows_out && r0 + j < a.rows && c0 < a.row.inner_store) {
+      constexpr int kWords = kPatchCols * kBits / 32;
+      uint32_t codes[kWords];
+      run_codes<E, kSR>(codes, v[j], rs[j], w);
+      uint8_t* dst = static_cast<uint8_t*>(a.row.codes) + (r0 + j) * a.row.ld + c0 * kBits / 8;
+      if (f.vec_row && c0 + kPatchCols <= a.row.inner_store) {
+        if constexpr (kWords == 2) {
+          *reinterpret_cast<uint2*>(dst) = make_uint2(codes[0], codes[1]);
+        } else {
+          *reinterpret_cast<uint32_t*>(dst) = codes[0];
+        }
+      } else {
+#pragma unroll
+        for (int b = 0; b < kWords * 4; ++b)
+          if (c0 + b * (8 / kBits) < a.row.inner_store) dst[b] = uint8_t(codes[b / 4] >> (8 * (b % 4)));
+      }
+    }
+    if constexpr (kSR) {
+      if (cols_out) {
+        if (!same_bits && r0 + j < a.rows) run_words<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.col.offset);
+#pragma unroll
+        for (int i = 0; i < kPatchCols; ++i)
+          if (fabsf(cs[i]) < INFINITY)
+            tcol[i] |= round_to_code(div_rn(v[j][i], cs[i]), format_of(E), true, w[i]) << (j * kBits);
+      }
+    }
+  }
+  if (!cols_out) return;
+  if constexpr (!kSR) {  // RNE: rows (j, j + 1) of a column share the scale, so convert them as a pair
+#pragma unroll
+    for (int i = 0; i < kPatchCols; ++i) {
+      const float s = cs[i];
+      if (!(fabsf(s) < INFINITY)) continue;
+#pragma unroll
+      for (int j = 0; j < kPatchRows; j += 2)
+        tcol[i] |= rne_codes2<E>(div_rn(v[j][i], s), div_rn(v[j + 1][i], s)) << (j * kBits);
+    }
+  }
+  // Bank check (words): FP8 (8cc + i) * 33 + rq, FP4 (8cc + i) * 17 + rq / 2 -> distinct per warp.
+#pragma unroll
+  for (int i = 0; i < kPatchCols; ++i) {
+    uint8_t* dst = tcodes + (kPatchCols * cc + i) * kPitch + kPatchRows * rq * kBits / 8;
+    if constexpr (kFp4) {
+      *reinterpret_cast<uint16_t*>(dst) = uint16_t(tcol[i]);
+    } else {
+      *reinterpret_cast<uint32_t*>(dst) = tcol[i];
+    }
+  }
+  __syncthreads();
+
+  // ---- x^T codes: shared memory -> rows of x^T, 32-bit words ----
+  constexpr int kRowWords = kTile * kBits / 32;        // 32 (FP8) or 16 (FP4) words per tile row
+  constexpr int kRowsPerPass = kThreads / kRowWords;   // 16 or 32
+  const int wi = threadIdx.x % kRowWords;
+  const int64_t row_bytes = kFp4 ? (a.col.inner_store + 1) / 2 : a.col.inner_store;
+  const int64_t b0 = tile_r * kBits / 8 + 4 * wi;     // byte offset of this word in its x^T row
+#pragma unroll
+  for (int p = 0; p < kTile / kRowsPerPass; ++p) {
+    const int trow = threadIdx.x / kRowWords + p * kRowsPerPass;
+    const int64_t c = tile_c + trow;
+    if (c >= a.cols || b0 >= row_bytes) continue;
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(tcodes + trow * kPitch + 4 * wi);
+    uint8_t* dst = static_cast<uint8_t*>(a.col.codes) + c * a.col.ld + b0;
+    if (f.vec_col && b0 + 4 <= row_bytes) {
+      *reinterpret_cast<uint32_t*>(dst) = word;
+    } else {
+      for (int b = 0; b < 4 && b0 + b < row_bytes; ++b) dst[b] = uint8_t(word >> (8 * b));
+    }
+  }
+}
+
+template <typename T, Elem E, bool kSR>
+cudaError_t launch(const Args& a, cudaStream_t stream) {
+  const int64_t rows = a.col.codes ? std::max(a.rows, a.col.inner_store) : a.rows;
+  const int64_t cols = a.row.codes ? std::max(a.cols, a.row.inner_store) : a.cols;
+  const int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
+  if (tiles > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  constexpr int kRowBytes = kPatchCols * kCodeBits<E> / 8;
+  Flags f;
+  f.vec_in = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && (a.ld * int64_t(sizeof(T))) % 16 == 0;
+  f.vec_row = reinterpret_cast<uintptr_t>(a.row.codes) % kRowBytes == 0 && a.row.ld % kRowBytes == 0;
+  f.vec_col = reinterpret_cast<uintptr_t>(a.col.codes) % 4 == 0 && a.col.ld % 4 == 0;
+  quantize_tile_kernel<T, E, kSR><<<unsigned(tiles), kThreads, 0, stream>>>(a, f);
+  return cudaGetLastError();
+}
+
+template <typename T, Elem E>
+cudaError_t launch_rounding(const Args& a, cudaStream_t stream) {
+  return a.spec.sr ? launch<T, E, true>(a, stream) : launch<T, E, false>(a, stream);
+}
+
+template <typename T>
+cudaError_t launch_elem(const Args& a, cudaStream_t stream) {
+  switch (a.spec.elem) {
+    case Elem::kE4M3: return launch_rounding<T, Elem::kE4M3>(a, stream);
+    case Elem::kE5M2: return launch_rounding<T, Elem::kE5M2>(a, stream);
+    case Elem::kE2M1: return launch_rounding<T, Elem::kE2M1>(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t launch_quantize_tile(const Args& a, cudaStream_t stream) {
+  const int br = a.spec.block_rows, bc = a.spec.block_cols;
+  const bool one_d = br == 1 && (bc == 16 || bc == 32 || bc == 128);
+  const bool two_d = br == bc && (bc == 16 || bc == 128);
+  if (!(one_d || two_d) || (a.row.codes == nullptr && a.col.codes == nullptr)) return cudaErrorInvalidValue;
+  switch (a.dtype) {
+    case InputDType::kFloat32: return launch_elem<float>(a, stream);
+    case InputDType::kFloat16: return launch_elem<__half>(a, stream);
+    case InputDType::kBFloat16: return launch_elem<__nv_bfloat16>(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace snip::quant

@@ -1,0 +1,41 @@
+"""planner: chooses the precision of every linear layer (and GEMM) from divergence statistics (DESIGN.md §4).
+
+    from planner import SnipPlanner, PlannerConfig, Budget
+    planner = SnipPlanner(model, optimizer, PlannerConfig(budget=Budget.fp4_fraction(0.75), interval=100))
+    planner.step(step, batch)                       # in the training loop, before each step
+
+    stats = planner.measure(batch)                  # offline: statistics and divergences ...
+    plan = solve(stats, Budget.parse("fp4=0.75"))   # ... and the ILP
+    plan.save("plan.json")
+
+Modules: stats (recording), qerror (quantization errors), divergence (LD / WD), cost (shapes, cost
+models, budgets), ilp (the PuLP/CBC solver), baselines, plan (Plan JSON), controller (SnipPlanner),
+report (table / heat map / loss curves), integration (hooks and CLI flags for snip_train).
+
+The names below are imported lazily, so that subpackages (e.g. planner.stability) do not pay for
+PuLP and the rest when they are imported on their own.
+"""
+
+import importlib
+
+_EXPORTS = {
+    "BASELINES": "baselines", "baseline": "baselines",
+    "PlannerConfig": "controller", "SnipPlanner": "controller",
+    "Budget": "cost", "LayerShape": "cost", "MeasuredCost": "cost", "TheoreticalCost": "cost",
+    "DivergenceConfig": "divergence", "measure": "divergence",
+    "InfeasibleBudget": "ilp", "solve": "ilp",
+    "Plan": "plan",
+    "LayerStats": "stats", "PlannerStats": "stats", "StatsConfig": "stats",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'planner' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,200 @@
+"""`SnipPlanner`: measure -> solve -> install, every `interval` steps of a training loop.
+
+    planner = SnipPlanner(model, optimizer, PlannerConfig(budget=Budget.fp4_fraction(0.75), interval=100))
+    for step, batch in enumerate(loader):
+        planner.step(step, batch)          # re-plans at step 0, 100, 200, ... before the training step
+        loss = model.loss(batch); loss.backward(); optimizer.step(); optimizer.zero_grad()
+
+Between re-plans the planner does nothing: the installed precisions stay on the SnipLinear modules.
+Under torch.distributed every rank measures on its own batch, the per-layer statistics are averaged
+with one all-reduce, rank 0 solves the ILP and broadcasts the plan as JSON, and every rank installs
+that same plan. Pass the bare module, not the DDP wrapper (a DDP-wrapped model is unwrapped): the
+measurement passes must not trigger DDP's gradient synchronisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from snip_ops import SnipLinear, convert
+from snip_ops.formats import GEMMS
+from snip_ops.module import DEFAULT_EXCLUDE
+
+from .baselines import baseline
+from .cost import Budget
+from .divergence import DivergenceConfig, measure
+from .ilp import solve, validate_candidates
+from .plan import Plan
+from .stats import LayerStats, LossFn, PlannerStats, StatsConfig
+
+__all__ = ["PlannerConfig", "SnipPlanner", "default_loss_fn"]
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    candidates: tuple[str, ...] = ("fp8", "fp4")
+    budget: Budget = field(default_factory=lambda: Budget.fp4_fraction(0.75))
+    interval: int = 100                       # re-plan every `interval` steps (and at the first step)
+    lam: float = 1.0                          # weight of WD against LD / L
+    granularity: str = "layer"                # "layer" (one precision per layer) or "gemm"
+    method: str = "snip"                      # "snip" (the ILP) or a baseline name (baselines.BASELINES)
+    pinned: Mapping[str, object] = field(default_factory=dict)  # {FQN or pattern: precision}
+    stages: Mapping[str, int] | None = None   # {FQN or pattern: pipeline stage}: budget per stage
+    calib_batch_size: int | None = None       # measure on the first rows of the batch only
+    tokens_per_step: int | None = None        # M for measured GEMM costs (default: the calibration batch's)
+    stats: StatsConfig = field(default_factory=StatsConfig)
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+
+    def __post_init__(self):
+        object.__setattr__(self, "candidates", validate_candidates(tuple(self.candidates)))
+        if self.interval < 1:
+            raise ValueError(f"interval must be >= 1, got {self.interval}")
+        if self.granularity not in ("layer", "gemm"):
+            raise ValueError(f"granularity must be 'layer' or 'gemm', got {self.granularity!r}")
+        if self.method != "snip" and self.granularity != "layer":
+            raise ValueError("baseline plans are per layer; use granularity='layer'")
+
+
+def default_loss_fn(model: nn.Module, batch) -> torch.Tensor:
+    if not hasattr(model, "loss"):
+        raise TypeError(f"{type(model).__name__} has no .loss(batch); pass loss_fn=(model, batch) -> scalar loss")
+    return model.loss(batch)
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+class SnipPlanner:
+    """Periodic precision planning for the linear layers of `model` (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, config: PlannerConfig | None = None,
+                 *, loss_fn: LossFn | None = None, filter_fn: Callable[[nn.Module, str], bool] | None = None,
+                 log: Callable[[str], None] | None = None, **overrides):
+        config = config or PlannerConfig()
+        self.config = dataclasses.replace(config, **overrides) if overrides else config
+        self.model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn or default_loss_fn
+        self.log = log or (lambda msg: None)
+        keep = filter_fn or (lambda mod, name: not any(fnmatch.fnmatchcase(name, p) for p in DEFAULT_EXCLUDE))
+        # Plain nn.Linear layers become SnipLinear (bf16 until the first plan); converted ones keep theirs.
+        convert(self.model, None, lambda mod, name: keep(mod, name) and not isinstance(mod, SnipLinear))
+        self.layers = {n: m for n, m in self.model.named_modules() if isinstance(m, SnipLinear) and keep(m, n)}
+        if not self.layers:
+            raise ValueError("the model has no linear layer to plan")
+        self.plan: Plan | None = None
+        self.history: list[dict] = []  # one summary per re-plan: step, metrics, timings
+
+    # -- the training-loop interface -------------------------------------------------------
+    def due(self, step: int) -> bool:
+        return self.plan is None or step % self.config.interval == 0
+
+    def step(self, step: int, batch, loss_fn: LossFn | None = None) -> Plan | None:
+        """Call before training step `step`: re-plans (and returns the new plan) when due, else None."""
+        return self.replan(batch, step, loss_fn) if self.due(step) else None
+
+    def as_hook(self) -> Callable[[int, nn.Module, object], Plan | None]:
+        """An `on_step(step, model, batch)` callback for snip_train.train."""
+        return lambda step, model, batch: self.step(step, batch)
+
+    def replan(self, batch, step: int | None = None, loss_fn: LossFn | None = None) -> Plan:
+        t0 = time.perf_counter()
+        stats = self.measure(batch, step, loss_fn)
+        t1 = time.perf_counter()
+        plan = self._solve_everywhere(stats)
+        self.install(plan)
+        t2 = time.perf_counter()
+        self.history.append({"step": step, "measure_s": t1 - t0, "solve_s": t2 - t1, **dict(plan.metrics)})
+        self.log(f"planner: step {step}: {plan.method} plan, FP4 FLOPs {100 * plan.metrics['fp4_fraction']:.1f}%, "
+                 f"cost {plan.metrics['relative_cost']:.3f} x bf16, measured in {t1 - t0:.1f}s, solved in {t2 - t1:.2f}s")
+        return plan
+
+    # -- the pieces --------------------------------------------------------------------------
+    def measure(self, batch, step: int | None = None, loss_fn: LossFn | None = None) -> PlannerStats:
+        """Statistics and divergences on `batch` (averaged over ranks under torch.distributed)."""
+        n = self.config.calib_batch_size
+        if n is not None and torch.is_tensor(batch):
+            batch = batch[:n]
+        stats = measure(self.model, self.layers, self.optimizer, batch, loss_fn or self.loss_fn,
+                        self.config.candidates, self.config.stats, self.config.divergence, step)
+        return _all_reduce_stats(stats, self.config.candidates) if _distributed() else stats
+
+    def solve(self, stats: PlannerStats) -> Plan:
+        c = self.config
+        if c.method == "snip":
+            return solve(stats, c.budget, c.candidates, lam=c.lam, granularity=c.granularity, pinned=c.pinned,
+                         stages=c.stages, tokens=c.tokens_per_step)
+        high, low = c.candidates[0], c.candidates[-1]  # e.g. ("fp8", "fp4")
+        return baseline(c.method, stats, c.budget, high, low, lam=c.lam, tokens=c.tokens_per_step)
+
+    def _solve_everywhere(self, stats: PlannerStats) -> Plan:
+        if not _distributed():
+            return self.solve(stats)
+        box: list = [None]
+        if dist.get_rank() == 0:
+            try:
+                box[0] = {"plan": self.solve(stats).to_json()}
+            except Exception as e:  # every rank must leave the broadcast, so errors travel too
+                box[0] = {"error": f"{type(e).__name__}: {e}"}
+        dist.broadcast_object_list(box, src=0)
+        if "error" in box[0]:
+            raise RuntimeError(f"planning failed on rank 0: {box[0]['error']}")
+        return Plan.from_json(box[0]["plan"])
+
+    def install(self, plan: Plan) -> None:
+        plan.apply(self.model)
+        self.plan = plan
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"plan": self.plan.to_json() if self.plan is not None else None, "history": list(self.history)}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restore the plan of a checkpoint; the resumed run keeps it until the next re-plan step."""
+        self.history = list(state.get("history", []))
+        if state.get("plan") is not None:
+            self.install(Plan.from_json(state["plan"]))
+
+    def save(self, path: str | os.PathLike) -> None:
+        with open(path, "w") as f:
+            json.dump(self.state_dict(), f)
+
+    def load(self, path: str | os.PathLike) -> None:
+        with open(path) as f:
+            self.load_state_dict(json.load(f))
+
+
+_LAYER_FIELDS = ("out_rms", "grad_out_rms", "grad_in_rms", "weight_grad_rms", "curvature", "s_dgrad", "s_wgrad")
+
+
+def _all_reduce_stats(stats: PlannerStats, candidates: tuple[str, ...]) -> PlannerStats:
+    """The mean over ranks of every per-layer number (one all-reduce of one flat float64 tensor)."""
+    flat = [stats.loss]
+    for s in stats.layers:
+        flat += [getattr(s, f) for f in _LAYER_FIELDS]
+        flat += [s.errors[p][g] for p in candidates for g in GEMMS]
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor(flat, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    values = (t / dist.get_world_size()).tolist()
+    loss, pos, layers = values[0], 1, []
+    for s in stats.layers:
+        nums = dict(zip(_LAYER_FIELDS, values[pos:pos + len(_LAYER_FIELDS)]))
+        pos += len(_LAYER_FIELDS)
+        errors = {}
+        for p in candidates:
+            errors[p] = dict(zip(GEMMS, values[pos:pos + 3]))
+            pos += 3
+        layers.append(LayerStats(shape=s.shape, errors=errors, **nums))
+    return PlannerStats(tuple(layers), loss, stats.step, stats.preconditioner, stats.diagnostics)

@@ -1,0 +1,212 @@
+"""What a plan costs: GEMM shapes, cost models (theoretical or measured) and budgets (DESIGN.md §4.5).
+
+A linear layer `y = x w^T` with M tokens, K inputs and N outputs runs three GEMMs; each is written
+here as (m, n, k) = (output rows, output columns, reduced dimension):
+
+    fprop  y  = x w^T     (M, N, K)
+    dgrad  dx = dy w      (M, K, N)
+    wgrad  dw = dy^T x    (N, K, M)
+
+all 2*M*N*K FLOPs. A cost model prices one GEMM in one format; a `Budget` bounds the plan, either as
+"at least X of the linear FLOPs in 4-bit formats" or as "total cost at most r times the all-bf16
+cost" under a cost model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Literal, Mapping, Protocol
+
+from snip_ops.formats import GEMMS, recipe
+
+__all__ = [
+    "LayerShape", "gemm_shape", "gemm_flops", "is_fp4", "CostModel", "TheoreticalCost", "MeasuredCost",
+    "Budget", "PlanMetrics", "plan_metrics",
+]
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """A linear layer as the planner sees it: its name and GEMM dimensions per training step."""
+
+    name: str
+    in_features: int   # K
+    out_features: int  # N
+    tokens: int        # M, rows of x in one training step
+
+
+def gemm_shape(layer: LayerShape, gemm: str) -> tuple[int, int, int]:
+    """(m, n, k) of one of the layer's GEMMs, k being the reduced dimension."""
+    M, N, K = layer.tokens, layer.out_features, layer.in_features
+    shapes = {"fprop": (M, N, K), "dgrad": (M, K, N), "wgrad": (N, K, M)}
+    if gemm not in shapes:
+        raise ValueError(f"unknown GEMM {gemm!r}; expected one of {GEMMS}")
+    return shapes[gemm]
+
+
+def gemm_flops(layer: LayerShape, gemm: str) -> float:
+    m, n, k = gemm_shape(layer, gemm)
+    return 2.0 * m * n * k
+
+
+def is_fp4(precision: str) -> bool:
+    """True for recipes whose quantized operands are all 4-bit (fp4, nvfp4, mxfp4)."""
+    r = recipe(precision)
+    specs = [s for s in (r.act, r.weight, r.grad) if s is not None]
+    return bool(specs) and all(s.element.bits == 4 for s in specs)
+
+
+class CostModel(Protocol):
+    name: str
+
+    def gemm_cost(self, layer: LayerShape, gemm: str, precision: str) -> float: ...
+
+
+@dataclass(frozen=True)
+class TheoreticalCost:
+    """GEMM FLOPs divided by the format's throughput factor over BF16 (bf16 1, fp8 2, fp4 4)."""
+
+    name: str = "theoretical"
+
+    def gemm_cost(self, layer: LayerShape, gemm: str, precision: str) -> float:
+        return gemm_flops(layer, gemm) / recipe(precision).speedup
+
+
+@dataclass(frozen=True)
+class MeasuredCost:
+    """Measured GEMM times on one device, looked up by (m, n, k, format).
+
+    JSON (written by the GEMM microbenchmarks in bench/):
+        {"device": "NVIDIA H100", "unit": "s",
+         "entries": [{"m": 4096, "n": 4096, "k": 4096, "format": "fp8", "time": 1.9e-4}, ...]}
+    A shape missing from the table is priced from the entry of the same format with the nearest
+    FLOP count, scaled by the FLOP ratio (GEMM time grows about linearly with FLOPs at these sizes);
+    a format missing altogether is an error.
+    """
+
+    times: Mapping[tuple[int, int, int, str], float]
+    device: str = "unknown"
+    name: str = field(default="measured", init=False)
+
+    def __post_init__(self):
+        for key, t in self.times.items():
+            if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+                raise ValueError(f"measured GEMM time for {key} must be a positive number, got {t!r}")
+
+    @classmethod
+    def from_json(cls, source: str | os.PathLike | Mapping) -> "MeasuredCost":
+        obj = source if isinstance(source, Mapping) else json.loads(open(source).read())
+        try:
+            times = {(int(e["m"]), int(e["n"]), int(e["k"]), str(e["format"])): float(e["time"])
+                     for e in obj["entries"]}
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError("a GEMM time table is {'device': ..., 'entries': [{'m','n','k','format','time'}]}; "
+                             f"could not read it: {e}") from None
+        if not times:
+            raise ValueError("the GEMM time table has no entries")
+        return cls(times, str(obj.get("device", "unknown")))
+
+    def formats(self) -> set[str]:
+        return {f for (_, _, _, f) in self.times}
+
+    def gemm_cost(self, layer: LayerShape, gemm: str, precision: str) -> float:
+        m, n, k = gemm_shape(layer, gemm)
+        exact = self.times.get((m, n, k, precision))
+        if exact is not None:
+            return exact
+        same = [(key, t) for key, t in self.times.items() if key[3] == precision]
+        if not same:
+            raise ValueError(f"the GEMM time table ({self.device}) has no entry for format {precision!r}; "
+                             f"it has {sorted(self.formats())}")
+        flops = 2.0 * m * n * k
+        (em, en, ek, _), t = min(same, key=lambda kt: abs(math.log(2.0 * kt[0][0] * kt[0][1] * kt[0][2] / flops)))
+        return t * flops / (2.0 * em * en * ek)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The efficiency target of a plan.
+
+    kind "fp4_fraction":  at least `value` of all planned linear FLOPs run in 4-bit formats;
+    kind "relative_cost": total cost under `cost_model` at most `value` times the all-bf16 cost
+                          (all fp8 = 0.5 and all fp4 = 0.25 under the theoretical model).
+    """
+
+    kind: Literal["fp4_fraction", "relative_cost"]
+    value: float
+    cost_model: CostModel = field(default_factory=TheoreticalCost)
+
+    def __post_init__(self):
+        if self.kind not in ("fp4_fraction", "relative_cost"):
+            raise ValueError(f"budget kind must be 'fp4_fraction' or 'relative_cost', got {self.kind!r}")
+        if not (isinstance(self.value, (int, float)) and math.isfinite(self.value)):
+            raise ValueError(f"budget value must be a finite number, got {self.value!r}")
+        if self.kind == "fp4_fraction" and not 0.0 <= self.value <= 1.0:
+            raise ValueError(f"an FP4 FLOP fraction must be in [0, 1], got {self.value}")
+        if self.kind == "relative_cost" and self.value <= 0:
+            raise ValueError(f"a relative cost budget must be > 0, got {self.value}")
+
+    @classmethod
+    def fp4_fraction(cls, fraction: float) -> "Budget":
+        return cls("fp4_fraction", float(fraction))
+
+    @classmethod
+    def relative_cost(cls, ratio: float, cost_model: CostModel | None = None) -> "Budget":
+        return cls("relative_cost", float(ratio), cost_model or TheoreticalCost())
+
+    @classmethod
+    def parse(cls, text: str, cost_model: CostModel | None = None) -> "Budget":
+        """"fp4=0.75" (at least 75% of FLOPs in FP4) or "cost=0.3" (30% of the all-bf16 cost)."""
+        key, _, value = text.partition("=")
+        try:
+            number = float(value.rstrip("%")) / (100.0 if value.endswith("%") else 1.0)
+        except ValueError:
+            number = None
+        if key.strip() == "fp4" and number is not None:
+            return cls.fp4_fraction(number)
+        if key.strip() == "cost" and number is not None:
+            return cls.relative_cost(number, cost_model)
+        raise ValueError(f"cannot parse budget {text!r}; write 'fp4=0.75' (FP4 FLOP fraction) or 'cost=0.3' "
+                         "(cost relative to all-bf16)")
+
+    def describe(self) -> str:
+        if self.kind == "fp4_fraction":
+            return f"at least {100 * self.value:.4g}% of linear FLOPs in FP4"
+        return f"cost at most {self.value:.4g} x all-bf16 ({self.cost_model.name} cost)"
+
+    def to_json(self) -> dict:
+        out = {"kind": self.kind, "value": self.value, "cost_model": self.cost_model.name}
+        if isinstance(self.cost_model, MeasuredCost):
+            out["device"] = self.cost_model.device
+        return out
+
+    def satisfied_by(self, metrics: "PlanMetrics", tol: float = 1e-9) -> bool:
+        if self.kind == "fp4_fraction":
+            return metrics.fp4_fraction >= self.value - tol
+        return metrics.relative_cost <= self.value + tol
+
+
+@dataclass(frozen=True)
+class PlanMetrics:
+    fp4_fraction: float   # share of linear FLOPs in 4-bit formats
+    relative_cost: float  # cost / all-bf16 cost under the budget's cost model
+    flops: float          # total linear FLOPs per step (all three GEMMs)
+
+
+def plan_metrics(assignment: Mapping[tuple[str, str], str], shapes: Mapping[str, LayerShape],
+                 cost_model: CostModel | None = None) -> PlanMetrics:
+    """Metrics of a plan given as {(layer, gemm): precision} over every GEMM of `shapes`."""
+    cost_model = cost_model or TheoreticalCost()
+    flops = fp4 = cost = bf16 = 0.0
+    for name, shape in shapes.items():
+        for g in GEMMS:
+            p = assignment[(name, g)]
+            f = gemm_flops(shape, g)
+            flops += f
+            fp4 += f if is_fp4(p) else 0.0
+            cost += cost_model.gemm_cost(shape, g, p)
+            bf16 += cost_model.gemm_cost(shape, g, "bf16")
+    return PlanMetrics(fp4 / flops if flops else 0.0, cost / bf16 if bf16 else 0.0, flops)

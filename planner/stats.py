@@ -1,0 +1,307 @@
+"""Statistics collection (DESIGN.md §4.1): one high-precision forward/backward on a calibration batch.
+
+`record(...)` installs temporary hooks on the planned linear layers, runs `loss_fn(model, batch)`
+with every `SnipLinear` switched to bf16, and keeps per layer:
+
+* a row sample of the GEMM operands x [rows, K] and dy [rows, N] (the same token rows for both, so
+  that dy^T x on the sample is a wgrad on fewer tokens) -- bounded by `StatsConfig.memory_cap_bytes`;
+* the RMS of the layer output y and of its gradient dy over the whole batch;
+* the weight gradient dW (from `torch.autograd.grad`, so `.grad` of the parameters is never touched:
+  the gradients of this pass are one parameter-sized copy, outside the operand cap);
+
+and, for the whole model, the Adam preconditioner of the next update (see `adam_preconditioner`).
+All hooks are removed before returning; the RNG state of the caller is restored, so the training
+step that follows is exactly what it would have been without the planner.
+
+`LayerStats` / `PlannerStats` are the JSON-able numbers the ILP consumes (divergence.py fills them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from snip_ops import SnipLinear
+from snip_ops.formats import GEMMS
+
+from .cost import LayerShape
+
+__all__ = [
+    "StatsConfig", "LayerRecording", "Preconditioner", "Recording", "record", "adam_preconditioner",
+    "high_precision", "isolated_rng", "LayerStats", "PlannerStats",
+]
+
+LossFn = Callable[[nn.Module, object], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StatsConfig:
+    max_rows: int = 256                    # token rows sampled per layer (a multiple of 128 fills wgrad blocks)
+    memory_cap_bytes: int = 256 * 2**20    # cap on all recorded operand samples together (float32)
+    seed: int = 0                          # row sampling and the RNG of every measurement pass
+
+    def __post_init__(self):
+        if self.max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {self.max_rows}")
+        if self.memory_cap_bytes <= 0:
+            raise ValueError(f"memory_cap_bytes must be > 0, got {self.memory_cap_bytes}")
+
+    def rows_per_layer(self, layers: Mapping[str, nn.Linear]) -> int:
+        """Rows sampled per layer: max_rows, reduced so that all x and dy samples fit the memory cap."""
+        per_row = 4 * sum(m.in_features + m.out_features for m in layers.values())
+        rows = min(self.max_rows, self.memory_cap_bytes // max(per_row, 1))
+        if rows >= 128:
+            rows -= rows % 128
+        if rows < 16:
+            need = 16 * per_row
+            raise ValueError(f"memory_cap_bytes={self.memory_cap_bytes} leaves {rows} sampled rows per layer; "
+                             f"at least 16 are needed ({need} bytes for these {len(layers)} layers)")
+        return rows
+
+
+@dataclass
+class LayerRecording:
+    """What one stats pass saw at one linear layer (tensors; transient)."""
+
+    shape: LayerShape
+    x: torch.Tensor            # [rows, K] float32 sample of the input
+    dy: torch.Tensor           # [rows, N] float32 sample of the output gradient (same rows)
+    weight: torch.Tensor       # [N, K] the weight (detached, not copied)
+    out_rms: float             # RMS of y over the whole batch
+    grad_out_rms: float        # RMS of dy over the whole batch
+    weight_grad: torch.Tensor  # dW over the whole batch
+
+
+@dataclass
+class Preconditioner:
+    """The next Adam update u = m_hat / (sqrt(v_hat) + eps) and its sensitivity to the gradient.
+
+    `scale[p]` is du/dg elementwise (Adam's update is elementwise, so its Jacobian is diagonal):
+        c / (sqrt(v_hat) + eps)  -  m_hat * d sqrt(v_hat)/dg / (sqrt(v_hat) + eps)^2,
+        c = (1 - beta1) / (1 - beta1^t),  d sqrt(v_hat)/dg = (1 - beta2) g / ((1 - beta2^t) sqrt(v_hat)).
+    The first term is DESIGN.md's delta_g / (sqrt(v) + eps) (times Adam's c); the second, v's own
+    response to g, is of the same order when beta2 is not close to 1 (0.95 here) and is kept so that
+    scale * delta_g is the first-order change of the update. `update_sq_norm` is ||u||^2 over all
+    parameters, the clean update (weight decay excluded: it does not depend on gradients).
+    """
+
+    scale: dict[nn.Parameter, torch.Tensor]
+    update_sq_norm: float
+    source: str
+
+
+@dataclass
+class Recording:
+    loss: float
+    layers: dict[str, LayerRecording]
+    grads: dict[nn.Parameter, torch.Tensor]
+    preconditioner: Preconditioner
+
+
+@contextlib.contextmanager
+def high_precision(modules: Mapping[str, nn.Module]) -> Iterator[None]:
+    """Run every SnipLinear among `modules` in bf16 (no quantization), restoring the plan afterwards."""
+    saved = {name: m.precision for name, m in modules.items() if isinstance(m, SnipLinear)}
+    try:
+        for name in saved:
+            modules[name].set_precision("bf16")
+        yield
+    finally:
+        for name, precision in saved.items():
+            modules[name].set_precision(precision)
+
+
+@contextlib.contextmanager
+def isolated_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """A fixed RNG state inside (dropout masks agree between passes), the caller's state restored after."""
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def _rms(t: torch.Tensor) -> float:
+    return float(t.detach().float().pow(2).mean().sqrt()) if t.numel() else 0.0
+
+
+def adam_preconditioner(optimizer: torch.optim.Optimizer | None,
+                        grads: Mapping[nn.Parameter, torch.Tensor]) -> Preconditioner:
+    """The preconditioner of the update the optimizer will take next with gradients `grads`.
+
+    Reads Adam/AdamW state (`exp_avg`, `exp_avg_sq` or `max_exp_avg_sq`, `step`, the group's betas
+    and eps). Parameters without that state (step 0, or an optimizer that is not Adam-like) use the
+    gradient's own per-tensor second moment, v_hat = mean(g^2) held fixed, m_hat = g (Adam's literal
+    first step, g / (|g| + eps), is a sign function whose derivative is ~0); `source` says which.
+    """
+    groups = {}
+    if optimizer is not None:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                groups[p] = group
+    scale, total, fallback = {}, 0.0, 0
+    for p, g in grads.items():
+        if optimizer is not None and p not in groups:
+            continue  # not trained by this optimizer: its update cannot change
+        group = groups.get(p, {})
+        state = optimizer.state.get(p, {}) if optimizer is not None else {}
+        g = g.detach().float()
+        eps = float(group.get("eps", 1e-8))
+        if "exp_avg_sq" in state and "betas" in group:
+            b1, b2 = group["betas"]
+            t = float(state["step"]) + 1.0
+            v = state.get("max_exp_avg_sq", state["exp_avg_sq"]).float()
+            v_hat = (b2 * v + (1 - b2) * g * g) / (1 - b2 ** t)
+            m_hat = (b1 * state["exp_avg"].float() + (1 - b1) * g) / (1 - b1 ** t)
+            root = v_hat.sqrt()
+            denom = root + eps
+            d_root = torch.where(root > 0, (1 - b2) * g / ((1 - b2 ** t) * root.clamp_min(1e-30)), 0.0)
+            scale[p] = (1 - b1) / (1 - b1 ** t) / denom - m_hat * d_root / denom.pow(2)
+        else:
+            fallback += 1
+            denom = g.pow(2).mean().sqrt() + eps
+            m_hat = g
+            scale[p] = (1.0 / denom).expand_as(g)
+        total += float((m_hat / denom).pow(2).sum())
+    if not scale:
+        raise ValueError("no parameter of the optimizer received a gradient in the statistics pass")
+    if fallback == 0:
+        source = "adam state (exp_avg, exp_avg_sq)"
+    elif fallback == len(scale):
+        source = "gradient second moment per tensor (the optimizer has no Adam state yet)"
+    else:
+        source = f"adam state; {fallback} of {len(scale)} tensors without state use their gradient second moment"
+    return Preconditioner(scale, total, source)
+
+
+def record(model: nn.Module, layers: Mapping[str, nn.Linear], batch, loss_fn: LossFn,
+           optimizer: torch.optim.Optimizer | None, config: StatsConfig = StatsConfig()) -> Recording:
+    """One high-precision forward/backward on `batch` that records what the planner needs."""
+    rows = config.rows_per_layer(layers)
+    device = next(iter(layers.values())).weight.device
+    recs: dict[str, LayerRecording] = {}
+    handles = []
+
+    def forward_hook(name: str):
+        def hook(mod, args, out):
+            if name in recs:
+                raise RuntimeError(f"layer {name!r} ran twice in one forward; the planner needs one call per layer")
+            x = args[0].detach().reshape(-1, mod.in_features)
+            gen = torch.Generator().manual_seed(config.seed)
+            idx = torch.randperm(x.shape[0], generator=gen)[:rows].sort().values.to(x.device)
+            recs[name] = LayerRecording(
+                LayerShape(name, mod.in_features, mod.out_features, x.shape[0]),
+                x[idx].float().clone(), torch.empty(0), mod.weight.detach(), _rms(out), 0.0, torch.empty(0))
+
+            def grad_hook(g):
+                dy = g.detach().reshape(-1, mod.out_features)
+                recs[name].dy = dy[idx].float().clone()
+                recs[name].grad_out_rms = _rms(dy)
+
+            if out.requires_grad:
+                out.register_hook(grad_hook)
+        return hook
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for name, module in layers.items():
+            handles.append(module.register_forward_hook(forward_hook(name)))
+        with high_precision(layers), isolated_rng(config.seed, device):
+            loss = loss_fn(model, batch)
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [n for n in layers if n not in recs or recs[n].dy.numel() == 0]
+    if missing:
+        raise RuntimeError(f"layers {missing[:5]} took no part in the loss of the calibration batch")
+    grad_of = {p: g for p, g in zip(params, grads) if g is not None}
+    for name, rec in recs.items():
+        rec.weight_grad = grad_of[layers[name].weight].detach().float()
+    loss = float(loss.detach())
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"the calibration loss is {loss}; cannot plan from a non-finite loss")
+    return Recording(loss, recs, grad_of, adam_preconditioner(optimizer, grad_of))
+
+
+@dataclass(frozen=True)
+class LayerStats:
+    """The per-layer numbers behind a plan (JSON-able)."""
+
+    shape: LayerShape
+    out_rms: float          # RMS of the output y
+    grad_out_rms: float     # RMS of dy
+    grad_in_rms: float      # RMS of this layer's dgrad output dx = dy w
+    weight_grad_rms: float  # RMS of dW
+    curvature: float        # h_l: loss increase per unit relative output noise energy (§4.3)
+    s_dgrad: float          # relative update change per unit relative dgrad noise energy (§4.4)
+    s_wgrad: float          # same for wgrad noise
+    errors: Mapping[str, Mapping[str, float]]  # precision -> GEMM -> relative squared error (§4.2)
+
+    @property
+    def name(self) -> str:
+        return self.shape.name
+
+    def ld(self, precision: str) -> float:
+        """LD(l, p) = h_l e_fwd(l, p), the expected loss increase from quantizing the forward GEMM.
+
+        A negative measured curvature (seen near initialisation) would make noise look beneficial;
+        quantization is never rewarded, so h_l is floored at 0 here (the raw value stays in `curvature`).
+        """
+        return max(self.curvature, 0.0) * self.errors[precision]["fprop"]
+
+    def wd(self, precision: str, gemm: str | None = None) -> float:
+        """WD(l, p) = s_dgrad e_dgrad + s_wgrad e_wgrad (or one term, for `gemm` "dgrad" / "wgrad")."""
+        terms = {"dgrad": self.s_dgrad * self.errors[precision]["dgrad"],
+                 "wgrad": self.s_wgrad * self.errors[precision]["wgrad"]}
+        return terms[gemm] if gemm else terms["dgrad"] + terms["wgrad"]
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["shape"] = asdict(self.shape)
+        out["errors"] = {p: dict(e) for p, e in self.errors.items()}
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Mapping) -> "LayerStats":
+        fields = dict(obj)
+        fields["shape"] = LayerShape(**obj["shape"])
+        fields["errors"] = {p: {g: float(e[g]) for g in GEMMS} for p, e in obj["errors"].items()}
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class PlannerStats:
+    """Everything one measurement produced: per-layer stats plus the calibration loss and diagnostics."""
+
+    layers: tuple[LayerStats, ...]
+    loss: float
+    step: int | None = None
+    preconditioner: str = ""
+    diagnostics: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        names = [s.name for s in self.layers]
+        if len(set(names)) != len(names):
+            raise ValueError("duplicate layer names in the statistics")
+
+    def by_name(self) -> dict[str, LayerStats]:
+        return {s.name: s for s in self.layers}
+
+    def candidates(self) -> set[str]:
+        """Precisions whose quantization errors were measured on every layer."""
+        sets = [set(s.errors) for s in self.layers]
+        return set.intersection(*sets) if sets else set()
+
+    def to_json(self) -> dict:
+        return {"loss": self.loss, "step": self.step, "preconditioner": self.preconditioner,
+                "diagnostics": dict(self.diagnostics), "layers": [s.to_json() for s in self.layers]}
+
+    @classmethod
+    def from_json(cls, obj: Mapping) -> "PlannerStats":
+        return cls(tuple(LayerStats.from_json(s) for s in obj["layers"]), float(obj["loss"]), obj.get("step"),
+                   obj.get("preconditioner", ""), dict(obj.get("diagnostics", {})))

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Installs snip from this tree, on a fresh machine or an installed one alike:
+#   1. installs what is missing (torch, and for the CUDA build: CUTLASS headers, cmake, ninja),
+#   2. pip install --no-build-isolation -e ".[test]" (builds snip_ops._C where nvcc and a CUDA
+#      torch exist; incremental, so a second call is quick),
+#   3. when the extension was built: checks it imports and that its SASS holds every kernel.
+# Env: PYTHON (interpreter), SNIP_TORCH_SPEC (torch to install if none), SNIP_CUDA_ARCHS,
+#      SNIP_NO_CUDA=1 (pure Python), SNIP_REQUIRE_EXT=1 (fail unless the extension is built),
+#      SNIP_PIP_NO_DEPS=1 (offline machines with the dependencies preinstalled).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+pip_install() { "$PY" -m pip install --disable-pip-version-check "$@"; }
+
+if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
+
+"$PY" -c "import torch" 2>/dev/null || pip_install "${SNIP_TORCH_SPEC:-torch==2.14.1}"
+
+build_ext=0
+if [ "${SNIP_NO_CUDA:-0}" != 1 ] && { [ -x "${CUDA_HOME:-/nonexistent}/bin/nvcc" ] || command -v nvcc >/dev/null; } \
+   && "$PY" -c "import torch, sys; sys.exit(torch.version.cuda is None)"; then
+  build_ext=1
+fi
+if [ "${SNIP_REQUIRE_EXT:-0}" = 1 ] && [ $build_ext = 0 ]; then
+  echo "test.sh: SNIP_REQUIRE_EXT=1 but the extension cannot be built (nvcc or CUDA torch missing)" >&2
+  exit 1
+fi
+
+if [ $build_ext = 1 ]; then
+  # CUTLASS headers; its Python dependencies are not needed for building.
+  "$PY" -c "import cutlass_library" 2>/dev/null || [ -n "${CUTLASS_DIR:-}" ] \
+    || pip_install --no-deps "nvidia-cutlass==4.2.0.0"
+  # cmake >= 3.26 (CUDA C++20), from PyPI unless one is already there.
+  "$PY" - <<'PY' || pip_install "cmake>=4"
+import re, shutil, subprocess, sys
+exes = []
+try:
+    import cmake, os
+    exes.append(os.path.join(cmake.CMAKE_BIN_DIR, "cmake"))
+except ImportError:
+    pass
+exes.append(shutil.which("cmake"))
+for exe in filter(None, exes):
+    try:
+        m = re.search(r"(\d+)\.(\d+)", subprocess.run([exe, "--version"], capture_output=True, text=True).stdout)
+    except OSError:
+        continue
+    if m and (int(m[1]), int(m[2])) >= (3, 26):
+        sys.exit(0)
+sys.exit(1)
+PY
+  "$PY" -c "import ninja" 2>/dev/null || command -v ninja >/dev/null || pip_install ninja \
+    || echo "test.sh: no ninja; CMake falls back to Makefiles" >&2
+fi
+
+no_deps=()
+[ "${SNIP_PIP_NO_DEPS:-0}" = 1 ] && no_deps=(--no-deps)
+start=$(date +%s)
+pip_install --no-build-isolation "${no_deps[@]}" -e ".[test]"
+echo "test.sh: install took $(( $(date +%s) - start ))s"
+
+if [ $build_ext = 1 ]; then
+  "$PY" -c "
+from snip_ops import _ext
+assert _ext.HAS_KERNELS, 'snip_ops._C does not import: %s' % _ext.build_info()['extension_error']
+print('test.sh: snip_ops._C archs', _ext.compiled_archs(), 'kernels', sorted(_ext.kernels()))"
+  bash scripts/check_sass.sh
+fi
+

@@ -1,0 +1,8 @@
+"""``python -m snip_train ...`` == ``snip ...``."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

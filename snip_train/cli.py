@@ -1,0 +1,166 @@
+"""The ``snip`` command line (also ``python -m snip_train``).
+
+    snip train --preset tiny --steps 300 --precision fp4_mlp
+
+Subcommands live in the ``COMMANDS`` registry: each is a name, a one-line help, a function
+that adds its arguments to an ``argparse`` sub-parser, and a function that runs it and returns
+an exit code: ``train`` and ``sweep`` (the stability sweep of ``planner.stability``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["main", "build_parser", "Command", "COMMANDS"]
+
+
+@dataclass(frozen=True)
+class Command:
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _parse_size(s: str) -> int | None:
+    """'8M', '512k', '1G', '1000000' -> bytes; 'all' / '0' -> None (no cap)."""
+    if s.strip().lower() in ("all", "none"):
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)[bB]?\s*", s)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {s!r} (e.g. 8M, 512k, all)")
+    n = float(m.group(1)) * {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}[m.group(2).lower()]
+    return int(n) or None
+
+
+# ---------------------------------------------------------------------------------------
+# train
+# ---------------------------------------------------------------------------------------
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    from .model import PRESETS
+    from .train import PLAN_PRESETS, TrainConfig
+
+    d = TrainConfig()
+    g = p.add_argument_group("model and optimisation")
+    g.add_argument("--preset", default=d.preset, choices=sorted(PRESETS), help="model size (default: %(default)s)")
+    g.add_argument("--steps", type=int, default=d.steps, help="training steps (default: %(default)s)")
+    g.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per step (default: %(default)s)")
+    g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's max_seq_len)")
+    g.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)")
+    g.add_argument("--warmup", type=int, default=None, help="warmup steps (default: 10%% of steps, at most 100)")
+    g.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay (default: %(default)s)")
+    g.add_argument("--grad-clip", type=float, default=d.grad_clip, help="gradient norm clip, 0 = off (default: %(default)s)")
+    g = p.add_argument_group("precision")
+    g.add_argument("--precision", default="bf16", metavar="PLAN",
+                   help=f"{' | '.join(PLAN_PRESETS)} (presets), a precision name applied to every linear "
+                        f"(fp8, fp4, mxfp8, nvfp4, mxfp4, ...), or a plan .json file {{layer or glob: precision}} "
+                        f"(default: %(default)s)")
+    g = p.add_argument_group("data")
+    g.add_argument("--corpus", default=None, metavar="PATH",
+                   help="text file, directory, or token file (.npy / .bin); default: the Python stdlib sources")
+    g.add_argument("--max-bytes", type=_parse_size, default=d.max_bytes, metavar="SIZE",
+                   help="cap on text corpus size, e.g. 8M, 64M, all (default: 8M)")
+    g.add_argument("--token-dtype", default=None, choices=["uint8", "uint16", "uint32"],
+                   help="element type of a raw .bin token file (default: uint16)")
+    g = p.add_argument_group("run")
+    g.add_argument("--seed", type=int, default=d.seed, help="seed for init, data order, everything (default: %(default)s)")
+    g.add_argument("--device", default=d.device, metavar="{auto,cpu,cuda}", help="(default: %(default)s)")
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--eval-interval", type=int, default=d.eval_interval,
+                   help="validate every N steps, 0 = only at start and end (default: %(default)s)")
+    g.add_argument("--eval-batches", type=int, default=d.eval_batches, help="validation batches (default: %(default)s)")
+    g.add_argument("--out", default=None, metavar="DIR", help="output directory (default: runs/<name>)")
+    g.add_argument("--name", default=None, help="run name (default: <preset>-<precision>-<timestamp>)")
+    g.add_argument("--save", action="store_true", help="also save the model weights (model.pt)")
+    g.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms (GPU)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from planner.integration import add_planner_args
+
+    add_planner_args(p)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from planner.integration import config_from_args, run_comparison
+
+    from .train import TrainConfig, train
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prec_tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.precision).stem if args.precision.endswith(".json")
+                      else args.precision)
+    name = args.name or f"{args.preset}-{prec_tag}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = args.out or str(Path("runs") / name)
+    cfg = TrainConfig(
+        preset=args.preset, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+        warmup_steps=args.warmup, weight_decay=args.weight_decay, grad_clip=args.grad_clip or None,
+        precision=args.precision, corpus=args.corpus, max_bytes=args.max_bytes, token_dtype=args.token_dtype,
+        seed=args.seed, device=args.device, eval_interval=args.eval_interval, eval_batches=args.eval_batches,
+        out_dir=out, name=name, save_checkpoint=args.save, deterministic=args.deterministic,
+        progress=not args.no_progress, verbose=True,
+    )
+    planner_config = config_from_args(args)
+    if planner_config is not None:
+        # bf16 vs SNIP vs a baseline on the same data: plan table, plan JSON, loss curves, heat map.
+        skip = ("prepare_model", "on_setup", "on_step", "out_dir", "name", "precision")
+        fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in skip}
+        runs = run_comparison(out, planner_config, **fields)
+        return 1 if any(r["diverged"] for r in runs.values()) else 0
+    s = train(cfg)
+    init = s["initial_val_loss"]
+    val = s["final_val_loss"]
+    status = "DIVERGED" if s["diverged"] else "done"
+    print(f"{status}: {s['steps']} steps in {s['time_s']:.1f}s ({s['tokens_per_s'] / 1e3:.1f}k tok/s, "
+          f"{s['step_time_s'] * 1e3:.0f} ms/step) | train loss {s['final_train_loss']:.3f} | "
+          f"val loss {val:.3f} (init {init:.3f}) | {out}/summary.json, {out}/loss.png", flush=True)
+    return 1 if s["diverged"] else 0
+
+
+# ---------------------------------------------------------------------------------------
+# registry
+# ---------------------------------------------------------------------------------------
+def _sweep_command() -> Command:
+    from planner.stability.cli import SWEEP_HELP, add_sweep_arguments, run_sweep_command
+
+    return Command(SWEEP_HELP, add_sweep_arguments, run_sweep_command)
+
+
+COMMANDS: dict[str, Command] = {
+    "train": Command("train a small Llama-like model", _add_train_args, _run_train),
+    "sweep": _sweep_command(),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="snip", description="snip: adaptive FP8/FP4 mixed-precision LLM training.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, cmd in COMMANDS.items():
+        sp = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(sp)
+        sp.set_defaults(_run=cmd.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "_run", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,432 @@
+"""The training loop: ``train(TrainConfig(...)) -> summary dict``.
+
+Precision is chosen by ``TrainConfig.precision``:
+
+* ``"bf16"``        -- plain ``nn.Linear`` (bf16 autocast on GPU, float32 on CPU);
+* a plan preset     -- ``"fp8"`` (every converted linear in FP8) or ``"fp4_mlp"``
+                       (``{"*.mlp.*": "fp4", "*": "fp8"}``), see ``PLAN_PRESETS``;
+* any other string  -- a precision name applied to every converted linear (``"fp4"``, ``"mxfp8"``...);
+* ``path/to/plan.json`` -- a JSON object ``{FQN or glob: precision}`` (or ``{"plan": {...}}``);
+* a dict            -- ``{FQN or glob: precision}`` passed straight to ``snip_ops.convert``.
+
+Non-bf16 plans go through ``snip_ops.convert(model, plan=...)``, which swaps ``nn.Linear``
+modules for ``snip_ops.SnipLinear`` (embedding and ``lm_head`` stay high precision by default).
+``snip_ops`` is imported lazily, only when such a plan is used.
+
+Hook points (for the planner):
+
+* ``prepare_model(model) -> model``  after the model is built, moved to the device and converted;
+* ``on_setup(model, optimizer)``      once, after the optimizer exists;
+* ``on_step(step, model, batch)``     before every training step (0-based ``step``; ``batch`` is the
+                                      int64 [B, T+1] window tensor on the device). Precision changes
+                                      made here apply to that step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from .data import DEFAULT_MAX_BYTES, TokenData
+from .model import Llama, LlamaConfig
+
+__all__ = ["TrainConfig", "train", "PLAN_PRESETS", "resolve_plan", "apply_precision",
+           "linear_precisions", "resolve_device", "lr_at"]
+
+PLAN_PRESETS: dict[str, Any] = {
+    "bf16": None,
+    "fp8": "fp8",
+    "fp4_mlp": {"*.mlp.*": "fp4", "*": "fp8"},
+}
+
+
+@dataclass
+class TrainConfig:
+    # model
+    preset: str = "tiny"
+    model: LlamaConfig | None = None  # overrides `preset` when given
+    # optimisation
+    steps: int = 300
+    batch_size: int = 8
+    seq_len: int | None = None  # None: the model's max_seq_len
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int | None = None  # None: 10% of steps, at most 100
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    adam_eps: float = 1e-8
+    grad_clip: float | None = 1.0
+    # precision
+    precision: str | dict | None = "bf16"
+    amp: bool | None = None  # bf16 autocast; None: on for CUDA, off (float32) for CPU
+    # data
+    corpus: str | None = None  # None: the Python stdlib sources
+    max_bytes: int | None = DEFAULT_MAX_BYTES
+    token_dtype: str | None = None  # for raw .bin token files (default uint16)
+    val_fraction: float = 0.05
+    # evaluation / logging
+    eval_interval: int = 50  # 0: only at the start and the end
+    eval_batches: int = 4
+    # runtime
+    seed: int = 0
+    device: str = "auto"
+    deterministic: bool = False  # torch.use_deterministic_algorithms (mostly matters on GPU)
+    out_dir: str | None = None  # where summary.json / loss.png go; None: write nothing
+    save_checkpoint: bool = False
+    progress: bool = True
+    verbose: bool = False
+    name: str | None = None
+    # hooks
+    prepare_model: Callable[[nn.Module], nn.Module] | None = field(default=None, repr=False)
+    on_setup: Callable[[nn.Module, torch.optim.Optimizer], None] | None = field(default=None, repr=False)
+    on_step: Callable[[int, nn.Module, torch.Tensor], Any] | None = field(default=None, repr=False)
+
+
+# ---------------------------------------------------------------------------------------
+# precision plans
+# ---------------------------------------------------------------------------------------
+def resolve_plan(precision: Any) -> Any:
+    """Turn the ``precision`` option into the ``plan`` argument of ``snip_ops.convert``.
+
+    Returns ``None`` for plain high precision (no conversion).
+    """
+    if precision is None:
+        return None
+    if isinstance(precision, dict):
+        return dict(precision)
+    if isinstance(precision, str):
+        if precision in PLAN_PRESETS:
+            p = PLAN_PRESETS[precision]
+            return dict(p) if isinstance(p, dict) else p
+        if precision.endswith(".json"):
+            with open(precision) as f:
+                obj = json.load(f)
+            if isinstance(obj, dict) and isinstance(obj.get("plan"), dict):
+                obj = obj["plan"]
+            if not isinstance(obj, dict):
+                raise ValueError(f"{precision}: expected a JSON object {{layer: precision}}")
+            return obj
+    return precision  # a precision name ("fp4", "mxfp8", ...) or a LinearPrecision
+
+
+def apply_precision(model: nn.Module, precision: Any) -> nn.Module:
+    """Apply a precision option (see ``resolve_plan``) to ``model`` via ``snip_ops.convert``."""
+    plan = resolve_plan(precision)
+    if plan is None:
+        return model
+    import snip_ops  # lazy: only needed for low-precision plans
+
+    return snip_ops.convert(model, plan=plan)
+
+
+def _jsonable(x: Any) -> Any:
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if callable(getattr(x, "to_json", None)):  # snip_ops.LinearPrecision
+        return _jsonable(x.to_json())
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: _jsonable(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if hasattr(x, "name") and isinstance(getattr(x, "name"), str):  # enums, format objects
+        return x.name
+    if callable(x):
+        return getattr(x, "__qualname__", None) or type(x).__name__
+    return str(x)
+
+
+def linear_precisions(model: nn.Module) -> dict[str, Any]:
+    """``{FQN: precision}`` for every linear layer: ``"bf16"`` for plain ``nn.Linear``,
+    the module's ``precision`` attribute (JSON-ified) for converted ones."""
+    out = {}
+    for name, m in model.named_modules():
+        prec = getattr(m, "precision", None)
+        if prec is not None and not isinstance(m, nn.Embedding):
+            out[name] = _jsonable(prec)
+        elif isinstance(m, nn.Linear):
+            out[name] = "bf16"
+    return out
+
+
+def _precision_counts(precs: dict[str, Any]) -> dict[str, int]:
+    return dict(Counter(json.dumps(v) if not isinstance(v, str) else v for v in precs.values()))
+
+
+# ---------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but CUDA is not available")
+    return dev
+
+
+def lr_at(step: int, cfg: TrainConfig, warmup: int) -> float:
+    """Linear warmup to ``lr`` then cosine decay to ``lr * min_lr_ratio`` at the last step."""
+    if warmup > 0 and step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    span = max(1, cfg.steps - 1 - warmup)
+    t = min(1.0, (step - warmup) / span)
+    min_lr = cfg.lr * cfg.min_lr_ratio
+    return min_lr + 0.5 * (cfg.lr - min_lr) * (1.0 + math.cos(math.pi * t))
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return {f.name: _jsonable(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+
+
+def _fmt_params(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
+
+
+@torch.no_grad()
+def _evaluate(model: nn.Module, batches: list[torch.Tensor], autocast) -> float:
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    for b in batches:
+        with autocast():
+            total += float(model.loss(b))
+    model.train(was_training)
+    return total / max(1, len(batches))
+
+
+# ---------------------------------------------------------------------------------------
+# the loop
+# ---------------------------------------------------------------------------------------
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Train a model as configured; returns (and, with ``out_dir``, writes) the summary."""
+    t_setup = time.perf_counter()
+    log = (lambda *a: print(*a, flush=True)) if cfg.verbose else (lambda *a: None)
+    device = resolve_device(cfg.device)
+    if cfg.deterministic and not torch.are_deterministic_algorithms_enabled():
+        if device.type == "cuda":
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            return _train(cfg, device, t_setup, log)
+        finally:
+            torch.use_deterministic_algorithms(False)
+    return _train(cfg, device, t_setup, log)
+
+
+def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    _seed_everything(cfg.seed)
+
+    # data
+    data = TokenData.from_path(cfg.corpus, max_bytes=cfg.max_bytes, token_dtype=cfg.token_dtype,
+                               val_fraction=cfg.val_fraction)
+
+    # model (built on the CPU under the seed, so init is identical on every device)
+    mcfg = cfg.model if cfg.model is not None else LlamaConfig.preset(cfg.preset)
+    if data.vocab_size > mcfg.vocab_size:
+        mcfg = dataclasses.replace(mcfg, vocab_size=data.vocab_size)
+    seq_len = cfg.seq_len or mcfg.max_seq_len
+    if seq_len > mcfg.max_seq_len:
+        mcfg = dataclasses.replace(mcfg, max_seq_len=seq_len)
+    model: nn.Module = Llama(mcfg).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    model = apply_precision(model, cfg.precision)
+    if cfg.prepare_model is not None:
+        model = cfg.prepare_model(model) or model
+    model = model.to(device)
+    model.train()
+    plan = resolve_plan(cfg.precision)
+    precs = linear_precisions(model)
+
+    # optimizer: decay matrices (incl. embeddings), not norms / biases
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt_kw: dict[str, Any] = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps)
+    if device.type == "cuda":
+        opt_kw["fused"] = True
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        **opt_kw)
+    if cfg.on_setup is not None:
+        cfg.on_setup(model, optimizer)
+
+    use_amp = (device.type == "cuda") if cfg.amp is None else bool(cfg.amp)
+    amp_dtype = torch.bfloat16
+
+    def autocast():
+        if use_amp:
+            return torch.autocast(device_type=device.type, dtype=amp_dtype)
+        return contextlib.nullcontext()
+
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, min(100, cfg.steps // 10))
+    train_gen = torch.Generator().manual_seed(cfg.seed)
+    eval_gen = torch.Generator().manual_seed(0x5EED)  # the same validation windows for every run
+    eval_data = [data.get_batch("val", cfg.batch_size, seq_len, eval_gen).to(device)
+                 for _ in range(cfg.eval_batches)]
+    tokens_per_step = cfg.batch_size * seq_len
+
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    name = "custom" if cfg.model is not None else cfg.preset
+    counts = _precision_counts(precs)
+    log(f"snip train | model {name}: {_fmt_params(n_params)} params (dim {mcfg.dim}, {mcfg.n_layers} layers, "
+        f"{mcfg.n_heads} heads / {mcfg.n_kv_heads} kv, ffn {mcfg.ffn_hidden}) | device {device} "
+        f"({'bf16 autocast' if use_amp else 'float32'})")
+    log(f"data: {data.name}, {len(data) / 1e6:.2f}M tokens ({data.num_tokens('train') / 1e6:.2f}M train / "
+        f"{data.num_tokens('val') / 1e6:.2f}M val) | batch {cfg.batch_size} x {seq_len} = {tokens_per_step} "
+        f"tokens/step | {cfg.steps} steps, lr {cfg.lr:g}, warmup {warmup}, seed {cfg.seed}")
+    plan_desc = "none (plain nn.Linear)" if plan is None else json.dumps(_jsonable(plan))
+    log(f"precision: {cfg.precision if isinstance(cfg.precision, str) else 'custom'} -> plan {plan_desc} | "
+        f"linears: " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
+    if out_dir is not None:
+        log(f"output: {out_dir}")
+
+    hist_step: list[int] = []
+    hist_loss: list[float] = []
+    hist_lr: list[float] = []
+    hist_gnorm: list[float] = []
+    val_step: list[int] = []
+    val_loss: list[float] = []
+
+    def run_eval(step: int) -> float:
+        if cfg.eval_batches <= 0:
+            return float("nan")
+        v = _evaluate(model, eval_data, autocast)
+        val_step.append(step)
+        val_loss.append(v)
+        return v
+
+    setup_s = time.perf_counter() - t_setup
+    t0 = time.perf_counter()
+    eval_s = 0.0
+    te = time.perf_counter()
+    last_val = run_eval(0)
+    eval_s += time.perf_counter() - te
+
+    diverged = False
+    pbar = tqdm(range(cfg.steps), desc="train", disable=not cfg.progress, dynamic_ncols=True,
+                mininterval=0.5)
+    step = -1
+    for step in pbar:
+        lr = lr_at(step, cfg, warmup)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        batch = data.get_batch("train", cfg.batch_size, seq_len, train_gen).to(device, non_blocking=True)
+        if cfg.on_step is not None:
+            cfg.on_step(step, model, batch)
+        with autocast():
+            loss = model.loss(batch)
+        loss.backward()
+        if cfg.grad_clip:
+            gnorm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+        else:
+            gnorm = float(torch.linalg.vector_norm(
+                torch.stack([p.grad.detach().norm() for p in params if p.grad is not None])))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        lv = float(loss.detach())
+        hist_step.append(step + 1)
+        hist_loss.append(lv)
+        hist_lr.append(lr)
+        hist_gnorm.append(gnorm)
+        if not math.isfinite(lv):
+            diverged = True
+            pbar.set_postfix_str(f"loss={lv} (diverged)")
+            break
+        is_last = step + 1 == cfg.steps
+        if is_last or (cfg.eval_interval and (step + 1) % cfg.eval_interval == 0):
+            te = time.perf_counter()
+            last_val = run_eval(step + 1)
+            eval_s += time.perf_counter() - te
+        pbar.set_postfix_str(f"loss={lv:.3f} val={last_val:.3f} lr={lr:.2e}", refresh=False)
+    pbar.close()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    total_s = time.perf_counter() - t0
+    train_s = max(1e-9, total_s - eval_s)
+    steps_done = len(hist_loss)
+
+    tail = [v for v in hist_loss[-10:] if math.isfinite(v)]
+    summary: dict[str, Any] = {
+        "name": cfg.name,
+        "config": _config_dict(cfg),
+        "model_config": dataclasses.asdict(mcfg),
+        "n_params": n_params,
+        "device": str(device),
+        "compute_dtype": "bfloat16 (autocast)" if use_amp else "float32",
+        "torch_threads": torch.get_num_threads(),
+        "data": {"name": data.name, "tokens": len(data), "train_tokens": data.num_tokens("train"),
+                 "val_tokens": data.num_tokens("val"), "vocab_size": data.vocab_size},
+        "precision": _jsonable(cfg.precision),
+        "plan": _jsonable(plan),
+        "linear_precisions": precs,
+        "precision_counts": counts,
+        "steps": steps_done,
+        "tokens_per_step": tokens_per_step,
+        "tokens": steps_done * tokens_per_step,
+        "initial_val_loss": val_loss[0] if val_loss else None,
+        "final_train_loss": sum(tail) / len(tail) if tail else float("nan"),
+        "last_train_loss": hist_loss[-1] if hist_loss else None,
+        "final_val_loss": val_loss[-1] if val_loss else None,
+        "diverged": diverged,
+        "tokens_per_s": steps_done * tokens_per_step / train_s,
+        "step_time_s": train_s / max(1, steps_done),
+        "train_time_s": train_s,
+        "eval_time_s": eval_s,
+        "setup_time_s": setup_s,
+        "time_s": total_s + setup_s,
+        "history": {
+            "train": {"step": hist_step, "loss": hist_loss, "lr": hist_lr, "grad_norm": hist_gnorm},
+            "val": {"step": val_step, "loss": val_loss},
+        },
+    }
+    if out_dir is not None:
+        summary["out_dir"] = str(out_dir)
+        with open(out_dir / "summary.json", "w") as f:
+            json.dump(_jsonable_floats(summary), f, indent=2)
+        from .plots import plot_losses
+
+        title = (f"{name} ({_fmt_params(n_params)}), precision {summary['precision'] if isinstance(cfg.precision, str) else 'custom'}"
+                 f", seed {cfg.seed}")
+        plot_losses(out_dir / "loss.png", hist_step, hist_loss, val_step, val_loss, title=title)
+        if cfg.save_checkpoint:
+            torch.save({"model_config": dataclasses.asdict(mcfg), "model": model.state_dict()},
+                       out_dir / "model.pt")
+    return summary
+
+
+def _jsonable_floats(x: Any) -> Any:
+    """NaN / inf are not JSON; write them as null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _jsonable_floats(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_jsonable_floats(v) for v in x]
+    return x

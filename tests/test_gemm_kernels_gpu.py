@@ -1,0 +1,299 @@
+"""The CUTLASS GEMMs on a GPU, against an FP64 GEMM of the dequantized operands.
+
+Bounds (relative Frobenius error ||y - ref|| / ||ref||):
+  * FP32 output: 1e-3. The Hopper FP8 wgmma keeps a reduced-precision accumulator inside each
+    128-wide K block (CUTLASS promotes to FP32 after every block, DeepSeek-V3 style), so the error
+    is well above FP32 rounding but far below 1e-3 in practice (~1e-4 expected).
+  * BF16 output: the same plus 2^-8, the unit roundoff of BF16 (the largest relative error of one
+    rounding to BF16).
+  * The pure-PyTorch GPU paths (bf16_exact, fp32): 1e-5 (exact products, FP32 sums).
+Every scale layout (1x128 x 128x128 for fprop/dgrad, 1x128 x 1x128 for wgrad, 128x128-blocked A),
+odd M/N/K, every compiled tile configuration, bias, accumulation into FP32 and BF16, and FP4 on
+Hopper (E2M1 re-encoded as E4M3) are covered. The sm_100 tests need a B200-class GPU.
+"""
+
+import pytest
+import torch
+
+from snip_ops import _ext, gemm, gemm_kernels as gk
+from snip_ops.formats import E2M1, E4M3, QuantSpec, ScaleKind, recipe
+from snip_ops.reference import dequantize, quantize
+
+pytestmark = pytest.mark.gpu
+
+TOL_FP32 = 1e-3
+TOL_BF16 = TOL_FP32 + 2.0**-8
+TOL_EXACT = 1e-5
+
+
+def _arch():
+    return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+
+
+needs_sm90 = pytest.mark.skipif(
+    _arch() != (9, 0) or not _ext.kernel_available("fp8_gemm_nt_blockwise", "cuda"),
+    reason="needs an sm_90 GPU and the sm_90a GEMM in snip_ops._C",
+)
+needs_sm100 = pytest.mark.skipif(
+    _arch() != (10, 0) or not _ext.kernel_available("nvfp4_gemm_nt", "cuda"),
+    reason="needs an sm_100 GPU and the sm_100a GEMMs in snip_ops._C",
+)
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def ref_gemm(a, b) -> torch.Tensor:
+    return dequantize(a).double() @ dequantize(b).double().t()
+
+
+def operands(name, m, n, k, gemm_kind="fprop", seed=0, spread=True):
+    """(a, b) of one GEMM of a linear layer, quantized on the GPU. `spread`: rows and columns with
+    magnitudes over several binades, so that every block gets its own scale."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd(r, c):
+        t = torch.randn(r, c, device="cuda", generator=g)
+        if spread:
+            t = t * torch.exp2(torch.randint(-4, 5, (r, 1), device="cuda", generator=g).float())
+            t = t * torch.exp2(torch.randint(-3, 4, (1, c), device="cuda", generator=g).float())
+        return t
+
+    r = recipe(name)
+    if gemm_kind == "fprop":
+        return quantize(rnd(m, k), r.act), quantize(rnd(n, k), r.weight)
+    if gemm_kind == "dgrad":
+        w = rnd(k, n)
+        wq = quantize(w, r.weight)
+        b = wq.t() if r.weight.block == (128, 128) else quantize(w, r.weight, transpose=True)
+        return quantize(rnd(m, k), r.grad), b
+    return quantize(rnd(k, m), r.grad, transpose=True), quantize(rnd(k, n), r.act, transpose=True)
+
+
+SHAPES = [(128, 128, 128), (1, 8, 16), (33, 72, 144), (257, 264, 1040), (1000, 520, 4112), (64, 4096, 4096)]
+
+
+def configs(b_block, out_dtype):
+    tiles = ["", "tile=128x128"]
+    if b_block == 128 and out_dtype == torch.bfloat16:
+        tiles.append("tile=64x128")
+    return tiles
+
+
+# ---- Hopper FP8 ---------------------------------------------------------------------------------
+
+
+@needs_sm90
+def test_dispatch_picks_the_kernel():
+    a, b = operands("fp8", 256, 256, 256)
+    assert gk.select_path(a, b).path == "sm90_fp8"
+    a, b = operands("fp4", 256, 256, 256)
+    assert gk.select_path(a, b).path == "sm90_fp4"
+
+
+@needs_sm90
+@pytest.mark.parametrize("m, n, k", SHAPES)
+@pytest.mark.parametrize("gemm_kind", ["fprop", "dgrad", "wgrad"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_sm90_fp8_against_fp64(m, n, k, gemm_kind, out_dtype):
+    a, b = operands("fp8", m, n, k, gemm_kind)
+    ref = ref_gemm(a, b)
+    b_block = 1 if gemm_kind == "wgrad" else 128
+    for config in configs(b_block, out_dtype):
+        y = gk.qgemm(a, b, out_dtype=out_dtype, path="sm90_fp8", config=config)
+        assert y.shape == (m, n) and y.dtype == out_dtype
+        tol = TOL_BF16 if out_dtype == torch.bfloat16 else TOL_FP32
+        assert rel_err(y, ref) < tol, (config, rel_err(y, ref))
+
+
+@needs_sm90
+@pytest.mark.parametrize("a_block, b_block", [((1, 128), (128, 128)), ((128, 128), (128, 128)), ((1, 128), (1, 128)), ((128, 128), (1, 128))])
+@pytest.mark.parametrize("scale", [ScaleKind.FP32, ScaleKind.POW2])
+def test_sm90_every_scale_layout(a_block, b_block, scale):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x, w = torch.randn(300, 640, device="cuda", generator=g), torch.randn(264, 640, device="cuda", generator=g)
+    a, b = quantize(x, QuantSpec(E4M3, a_block, scale)), quantize(w, QuantSpec(E4M3, b_block, scale))
+    y = gk.qgemm(a, b, out_dtype=torch.float32, path="sm90_fp8")
+    assert rel_err(y, ref_gemm(a, b)) < TOL_FP32
+
+
+@needs_sm90
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_sm90_bias(out_dtype):
+    a, b = operands("fp8", 200, 264, 512, spread=out_dtype != torch.float16)  # FP16: stay below 65504
+    bias = torch.randn(264, device="cuda", dtype=torch.bfloat16)
+    ref = ref_gemm(a, b) + bias.double()
+    y = gk.qgemm(a, b, out_dtype=out_dtype, bias=bias, path="sm90_fp8")
+    assert y.dtype == out_dtype and rel_err(y, ref) < (TOL_FP32 if out_dtype == torch.float32 else TOL_BF16)
+    # N that needs padding inside the wrapper (the bias is padded with it)
+    a, b = operands("fp8", 200, 13, 512)
+    bias = torch.randn(13, device="cuda")
+    y = gk.qgemm(a, b, out_dtype=torch.float32, bias=bias, path="sm90_fp8")
+    assert y.shape == (200, 13) and rel_err(y, ref_gemm(a, b) + bias.double()) < TOL_FP32
+
+
+@needs_sm90
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [264, 13])  # 13: not a multiple of the 16-byte rows -> FP32 result + add_
+@pytest.mark.parametrize("gemm_kind", ["wgrad", "fprop"])
+def test_sm90_accumulate(out_dtype, n, gemm_kind):
+    a, b = operands("fp8", 200, n, 1040, gemm_kind)
+    out0 = torch.randn(200, n, device="cuda").to(out_dtype)
+    out = out0.clone()
+    assert gk.qgemm(a, b, out=out, path="sm90_fp8") is out
+    tol = TOL_FP32 if out_dtype == torch.float32 else TOL_BF16
+    assert rel_err(out, out0.double() + ref_gemm(a, b)) < tol
+    # twice: wgrad accumulation over micro-batches
+    gk.qgemm(a, b, out=out, path="sm90_fp8")
+    assert rel_err(out, out0.double() + 2 * ref_gemm(a, b)) < tol
+
+
+@needs_sm90
+def test_sm90_accumulate_op_directly_into_fp32():
+    a, b = operands("fp8", 256, 256, 4096, "wgrad")
+    ca, sfa, cb, sfb, b_block, _ = gk.prepare_sm90(a, b, torch.float32)
+    out = torch.zeros(256, 256, device="cuda")
+    for _ in range(3):
+        torch.ops.snip_C.fp8_gemm_nt_blockwise_acc(ca, sfa, cb, sfb, b_block, out)
+    assert rel_err(out, 3 * ref_gemm(a, b)) < TOL_FP32
+
+
+@needs_sm90
+@pytest.mark.parametrize("gemm_kind", ["fprop", "dgrad", "wgrad"])
+def test_sm90_fp4_exact_emulation(gemm_kind):
+    a, b = operands("fp4", 257, 264, 1040, gemm_kind)
+    y = gk.qgemm(a, b, out_dtype=torch.float32)
+    assert gk.select_path(a, b, out_dtype=torch.float32).path == "sm90_fp4"
+    assert rel_err(y, ref_gemm(a, b)) < TOL_FP32
+    # mixed E4M3 x E2M1 operands also ride the FP8 kernel
+    a8 = quantize(torch.randn(64, 512, device="cuda"), QuantSpec(E4M3))
+    b4 = quantize(torch.randn(72, 512, device="cuda"), recipe("fp4").weight)
+    assert gk.select_path(a8, b4).path == "sm90_fp4"
+    assert rel_err(gk.qgemm(a8, b4, out_dtype=torch.float32), ref_gemm(a8, b4)) < TOL_FP32
+
+
+@needs_sm90
+@pytest.mark.parametrize("name", ["fp8", "fp4"])
+def test_sm90_linear_layer_gemms_match_emulation(name):
+    # The three GEMMs of a linear layer, RNE recipes: same operands as snip_ops.gemm (seed 0/offset 0
+    # SR words for FP4 gradients are reproduced through gemm.operand_offset).
+    r = recipe(name)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    M, N, K = 512, 384, 640
+    x, w, dy = (torch.randn(*s, device="cuda", generator=g) for s in ((M, K), (N, K), (M, N)))
+    off = gemm.operand_offset
+    pairs = {
+        "fprop": (quantize(x, r.act, offset=off(0, "x")), quantize(w, r.weight, offset=off(0, "w")), gemm.fprop(x, w, r)),
+        "dgrad": (quantize(dy, r.grad, offset=off(0, "dy")), quantize(w, r.weight, offset=off(0, "wt"), transpose=True),
+                  gemm.dgrad(dy, w, r)),
+        "wgrad": (quantize(dy, r.grad, offset=off(0, "dyt"), transpose=True),
+                  quantize(x, r.act, offset=off(0, "xt"), transpose=True), gemm.wgrad(dy, x, r)),
+    }
+    for kind, (a, b, emulated) in pairs.items():
+        y = gk.qgemm(a, b, out_dtype=torch.float32)
+        assert rel_err(y, emulated.double()) < TOL_FP32, kind
+
+
+@needs_sm90
+def test_sm90_nonfinite_propagates():
+    x = torch.randn(256, 512, device="cuda")
+    x[3, 300] = float("inf")
+    x[100, 5] = float("nan")
+    a, b = quantize(x, QuantSpec(E4M3)), quantize(torch.randn(128, 512, device="cuda"), QuantSpec(E4M3, (128, 128)))
+    y = gk.qgemm(a, b, out_dtype=torch.float32, path="sm90_fp8")
+    bad = torch.zeros(256, dtype=torch.bool, device="cuda")
+    bad[[3, 100]] = True
+    assert torch.isnan(y[bad]).all() and torch.isfinite(y[~bad]).all()
+
+
+@needs_sm90
+def test_sm90_deterministic_and_stream_safe():
+    a, b = operands("fp8", 2048, 2048, 2048)
+    y1 = gk.qgemm(a, b, path="sm90_fp8")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y2 = gk.qgemm(a, b, path="sm90_fp8")
+    torch.cuda.current_stream().wait_stream(s)
+    assert torch.equal(y1, y2)
+
+
+@needs_sm90
+def test_sm90_large():
+    a, b = operands("fp8", 4096, 4096, 4096, spread=False)
+    assert rel_err(gk.qgemm(a, b, path="sm90_fp8"), ref_gemm(a, b)) < TOL_BF16
+
+
+@needs_sm90
+def test_sm90_op_refuses_misaligned_input_on_device():
+    a, b = operands("fp8", 64, 64, 256)
+    ca, sfa, cb, sfb, b_block, _ = gk.prepare_sm90(a, b)
+    buf = torch.zeros(64 * 256 + 8, dtype=torch.uint8, device="cuda")
+    shifted = buf[8:].view(64, 256).view(torch.float8_e4m3fn)  # starts 8 bytes past a 16-byte boundary
+    shifted.copy_(ca)
+    with pytest.raises(RuntimeError, match="16-byte aligned"):
+        torch.ops.snip_C.fp8_gemm_nt_blockwise(shifted, sfa, cb, sfb, b_block, torch.bfloat16)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or _arch() == (9, 0)
+    or not (_ext.HAS_KERNELS and "fp8_gemm_nt_blockwise" in _ext.kernels()),
+    reason="needs a non-sm_90 GPU and the sm_90a GEMM compiled",
+)
+def test_sm90_op_refuses_other_archs():
+    a, b = operands("fp8", 64, 64, 256)
+    ca, sfa, cb, sfb, b_block, _ = gk.prepare_sm90(a, b)
+    with pytest.raises(RuntimeError, match="compiled for sm_90a"):
+        torch.ops.snip_C.fp8_gemm_nt_blockwise(ca, sfa, cb, sfb, b_block, torch.bfloat16)
+
+
+# ---- Blackwell ----------------------------------------------------------------------------------
+
+
+@needs_sm100
+@pytest.mark.parametrize("kind", ["nvfp4", "mxfp4", "mxfp8"])
+@pytest.mark.parametrize("m, n, k", [(128, 128, 256), (1, 8, 32), (33, 72, 160), (257, 264, 1056), (1000, 520, 4128)])
+@pytest.mark.parametrize("gemm_kind", ["fprop", "wgrad"])
+def test_sm100_against_fp64(kind, m, n, k, gemm_kind):
+    a, b = operands(kind, m, n, k, gemm_kind)
+    assert gk.select_path(a, b).path == f"sm100_{kind}"
+    y = gk.qgemm(a, b)
+    assert y.dtype == torch.bfloat16 and rel_err(y, ref_gemm(a, b)) < TOL_BF16
+
+
+@needs_sm100
+def test_sm100_bias_and_fp32_fallback():
+    a, b = operands("nvfp4", 200, 264, 512)
+    bias = torch.randn(264, device="cuda")
+    assert rel_err(gk.qgemm(a, b, bias=bias), ref_gemm(a, b) + bias.double()) < TOL_BF16
+    assert gk.select_path(a, b, out_dtype=torch.float32).path == "bf16_exact"
+    assert rel_err(gk.qgemm(a, b, out_dtype=torch.float32), ref_gemm(a, b)) < TOL_EXACT
+
+
+# ---- the pure-PyTorch GPU paths ------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["mxfp8", "mxfp4", "nvfp4"])
+def test_bf16_exact_path(name):
+    a, b = operands(name, 257, 264, 1056)
+    y = gk.qgemm(a, b, out_dtype=torch.float32, path="bf16_exact")
+    assert rel_err(y, ref_gemm(a, b)) < TOL_EXACT
+    pow2 = QuantSpec(E2M1, (1, 128), ScaleKind.POW2)
+    a, b = quantize(torch.randn(64, 384, device="cuda"), pow2), quantize(torch.randn(72, 384, device="cuda"), pow2)
+    assert gk.select_path(a, b).path in ("bf16_exact", "sm90_fp4")
+    assert rel_err(gk.qgemm(a, b, out_dtype=torch.float32, path="bf16_exact"), ref_gemm(a, b)) < TOL_EXACT
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fp32_path_ignores_tf32_setting():
+    a, b = operands("fp8", 257, 264, 1040)
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # TF32 allowed globally
+    try:
+        y = gk.qgemm(a, b, out_dtype=torch.float32, path="fp32")
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(prev)
+    assert rel_err(y, ref_gemm(a, b)) < TOL_EXACT

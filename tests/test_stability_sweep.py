@@ -1,0 +1,122 @@
+"""Sweep runner (planner.stability.sweep / cell / divergence / analysis / cli): divergence detection on a
+deliberately unstable setting, resumability, parallel workers, offline baseline rule, outputs."""
+
+import dataclasses
+import json
+import math
+
+from planner.stability import Cell, DivergenceRule, LossMonitor, SweepSpec, TrainingSetup, run_sweep
+from planner.stability.analysis import judge, summarize
+from planner.stability.cli import main as cli_main
+from snip_train.model import LlamaConfig
+
+MICRO = LlamaConfig(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16)
+SETUP = TrainingSetup(
+    model=MICRO, steps=16, batch_size=4, seq_len=16, warmup_steps=2, max_bytes=200_000, eval_batches=1,
+    sharpness_every=8, divergence=DivergenceRule(blowup_patience=5),
+)
+STABLE_LR, UNSTABLE_LR = 3e-3, 1e3  # AdamW at lr 1000 moves every weight by ~1000 per step
+
+
+def _spec(**kw):
+    return SweepSpec(**{"precisions": ("fp32", "e8m3"), "learning_rates": (STABLE_LR, UNSTABLE_LR),
+                        "seeds": (0,), "setup": SETUP, **kw})
+
+
+def test_loss_monitor_rules():
+    rule = DivergenceRule(blowup_nats=1.0, blowup_patience=3, spike_ratio=1.5)
+    m = LossMonitor(rule, initial_loss=5.0)
+    assert not any(m.update(i, v) for i, v in enumerate([5.0, 4.0, 3.0, 9.0, 3.0, 2.9], start=1))
+    assert m.spike_steps == [4] and m.reason is None                      # a spike that recovers
+    m = LossMonitor(rule, initial_loss=5.0)
+    assert [m.update(i, 60.0) for i in range(1, 4)] == [False, False, True] and m.reason == "blow-up"
+    m = LossMonitor(rule, initial_loss=5.0)
+    assert m.update(1, math.nan) and m.reason == "non-finite"
+
+
+def test_unstable_setting_diverges_and_sweep_resumes(tmp_path):
+    spec = _spec()
+    first = run_sweep(spec, tmp_path, workers=1, torch_threads=1, progress=False)
+    assert len(first.ran) == 4 and not first.reused and not first.errors
+    verdicts = {(v["precision"], v["lr"]): v for v in judge(first.records, "fp32", 0.3)}
+    for p in spec.precisions:
+        assert verdicts[(p, STABLE_LR)]["diverged"] is False
+        assert verdicts[(p, UNSTABLE_LR)]["diverged"] is True
+        assert verdicts[(p, UNSTABLE_LR)]["reason"] in ("non-finite", "blow-up")
+        assert verdicts[(p, UNSTABLE_LR)]["steps"] < SETUP.steps          # stopped early
+    stable = next(r for r in first.records if r["cell"]["lr"] == STABLE_LR)
+    assert [s["step"] for s in stable["sharpness"]] == [8, 16] and stable["spikes"] == 0
+
+    again = run_sweep(spec, tmp_path, workers=1, torch_threads=1, progress=False)         # nothing left to do
+    assert not again.ran and sorted(again.reused) == sorted(first.ran)
+    assert again.records == first.records
+
+    # a lost and a half-written cell are rerun, the rest reused; a larger grid only adds its new cells
+    cells = sorted((tmp_path / "cells").glob("*.json"))
+    cells[0].unlink()
+    cells[1].write_text('{"key": ')
+    bigger = run_sweep(_spec(seeds=(0, 1)), tmp_path, workers=1, torch_threads=1, progress=False)
+    assert len(bigger.ran) == 2 + 4 and len(bigger.reused) == 2
+
+
+def test_parallel_workers_match_serial(tmp_path):
+    spec = _spec(precisions=("fp32",), learning_rates=(STABLE_LR,), seeds=(0, 1))
+    parallel = run_sweep(spec, tmp_path / "parallel", workers=2, torch_threads=1, progress=False)
+    serial = run_sweep(spec, tmp_path / "serial", workers=1, torch_threads=1, progress=False)
+    assert len(parallel.ran) == 2 and not parallel.errors
+    assert [r["final_loss"] for r in parallel.records] == [r["final_loss"] for r in serial.records]
+
+
+def _record(precision, lr, seed, final_loss, online=False, sharpness=1.0):
+    return {"cell": {"precision": precision, "lr": lr, "seed": seed}, "status": "diverged" if online else "complete",
+            "diverged_online": online, "divergence_reason": "blow-up" if online else None, "final_loss": final_loss,
+            "spikes": 0, "steps": 10, "sharpness": [{"step": 5, "random": {"mean": sharpness}}]}
+
+
+def test_offline_rule_compares_with_the_baseline_mean_at_the_same_lr():
+    records = [
+        _record("fp32", 0.1, 0, 3.0), _record("fp32", 0.1, 1, 3.2),          # baseline mean 3.1
+        _record("e4m3", 0.1, 0, 3.35), _record("e4m3", 0.1, 1, 3.45, sharpness=3.0),  # 3.45 > 3.1 + 0.3
+        _record("fp32", 1.0, 0, None, online=True, sharpness=2.0), _record("e4m3", 1.0, 0, 9.0),  # no baseline at lr 1
+    ]
+    got = {(v["precision"], v["lr"], v["seed"]): v["reason"] for v in judge(records, "fp32", 0.3)}
+    assert got == {("fp32", 0.1, 0): None, ("fp32", 0.1, 1): None, ("e4m3", 0.1, 0): None,
+                   ("e4m3", 0.1, 1): "above-baseline", ("fp32", 1.0, 0): "blow-up", ("e4m3", 1.0, 0): None}
+    summary = summarize(records, "fp32", 0.3)
+    assert summary["table"]["e4m3"]["by_lr"]["0.1"]["rate"] == 0.5
+    assert summary["table"]["fp32"]["stable_lrs"] == [0.1]
+    assert summary["early_sharpness_step"] == 5
+    assert summary["sharpness_vs_divergence"]["random"]["all"]["auc"] == 1.0
+
+
+def test_cell_key_is_a_hash_of_the_whole_configuration():
+    a = Cell("e8m3", 0.01, 0, SETUP)
+    assert a.key() == Cell("e8m3", 0.01, 0, SETUP).key()
+    assert len({a.key(), Cell("e8m3", 0.01, 1, SETUP).key(), Cell("e8m2", 0.01, 0, SETUP).key(),
+                Cell("e8m3", 0.01, 0, TrainingSetup(model=MICRO, seq_len=16, steps=25)).key()}) == 4
+    # the time limit only bounds a run: raising it keeps the finished cells
+    assert Cell("e8m3", 0.01, 0, dataclasses.replace(SETUP, time_limit_s=1.0)).key() == a.key()
+
+
+def test_cli_writes_report_heatmaps_and_resumes(tmp_path, capsys):
+    args = ["sweep", "--preset", "cpu-quick", "--precisions", "fp32,e5m2", "--lrs", "0.01", "--seeds", "0",
+            "--steps", "4", "--batch-size", "2", "--seq-len", "16", "--sharpness-every", "2",
+            "--workers", "1", "--threads", "1", "--no-progress", "--out", str(tmp_path)]
+    assert cli_main(args) == 0
+    for name in ("summary.json", "report.md", "heatmap.png", "sharpness.png", "sweep.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["precisions"] == ["fp32", "e5m2"] and summary["cells"] == 2
+    assert "| e5m2 |" in (tmp_path / "report.md").read_text()
+    assert cli_main(args + ["--report-only"]) == 0
+    assert "0 trained now, 2 reused" in capsys.readouterr().out
+
+
+def test_time_limited_cells_are_incomplete_and_retried_with_a_larger_limit(tmp_path):
+    spec = _spec(precisions=("fp32",), learning_rates=(STABLE_LR,), setup=dataclasses.replace(SETUP, time_limit_s=0.0))
+    first = run_sweep(spec, tmp_path, workers=1, torch_threads=1, progress=False)
+    assert first.records[0]["status"] == "time_limit" and first.records[0]["steps"] == 1
+    assert judge(first.records, "fp32", 0.3)[0]["diverged"] is None
+    assert not run_sweep(spec, tmp_path, workers=1, torch_threads=1, progress=False).ran
+    longer = dataclasses.replace(spec, setup=dataclasses.replace(SETUP, time_limit_s=600.0))
+    assert run_sweep(longer, tmp_path, workers=1, torch_threads=1, progress=False).records[0]["status"] == "complete"

@@ -1,0 +1,139 @@
+"""snip_train.train and the CLI. The fp8 / fp4_mlp tests exercise snip_ops.convert (the lead's module)."""
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from snip_train import cli
+from snip_train.model import Llama
+from snip_train.train import (PLAN_PRESETS, TrainConfig, apply_precision, linear_precisions, lr_at,
+                              resolve_plan, train)
+
+FAST = dict(preset="tiny", batch_size=8, seq_len=64, max_bytes=1 << 20, eval_batches=2, progress=False)
+
+
+def test_train_bf16_loss_falls_and_writes_outputs(tmp_path):
+    s = train(TrainConfig(steps=30, lr=3e-3, eval_interval=15, out_dir=str(tmp_path), **FAST))
+    assert s["steps"] == 30 and not s["diverged"]
+    assert abs(s["initial_val_loss"] - math.log(256)) < 0.1
+    assert s["final_train_loss"] < s["initial_val_loss"] - 1.0
+    assert s["final_val_loss"] < s["initial_val_loss"] - 1.0
+    assert s["history"]["val"]["step"] == [0, 15, 30]
+    assert s["plan"] is None and set(s["linear_precisions"].values()) == {"bf16"}
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["final_val_loss"] == pytest.approx(s["final_val_loss"])
+    assert on_disk["config"]["steps"] == 30 and on_disk["tokens_per_s"] > 0
+    png = (tmp_path / "loss.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_seed_determinism():
+    cfg = dict(steps=4, eval_interval=0, **FAST)
+    a = train(TrainConfig(seed=1, **cfg))["history"]["train"]["loss"]
+    b = train(TrainConfig(seed=1, **cfg))["history"]["train"]["loss"]
+    c = train(TrainConfig(seed=2, **cfg))["history"]["train"]["loss"]
+    assert a == b and a != c
+
+
+def test_token_file_with_larger_vocab(tmp_path):
+    import numpy as np
+
+    toks = np.random.default_rng(0).integers(0, 300, size=40_000).astype(np.uint16)
+    np.save(tmp_path / "toks.npy", toks)
+    s = train(TrainConfig(steps=2, eval_interval=0, corpus=str(tmp_path / "toks.npy"),
+                          **{**FAST, "max_bytes": None}))
+    assert s["model_config"]["vocab_size"] == 300 and s["data"]["vocab_size"] == 300
+    assert abs(s["initial_val_loss"] - math.log(300)) < 0.1
+
+
+def test_lr_schedule():
+    cfg = TrainConfig(steps=100, lr=1.0, min_lr_ratio=0.1)
+    lrs = [lr_at(i, cfg, 10) for i in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert lrs[10] == pytest.approx(1.0) and lrs[-1] == pytest.approx(0.1)
+    assert all(x >= y for x, y in zip(lrs[10:], lrs[11:]))
+
+
+def test_hooks_are_called():
+    calls = {"prepare": 0, "setup": 0, "steps": []}
+
+    def prepare(model):
+        calls["prepare"] += 1
+        assert isinstance(model, Llama)
+        return model
+
+    def setup(model, opt):
+        calls["setup"] += 1
+        assert isinstance(opt, torch.optim.AdamW)
+
+    def on_step(step, model, batch):
+        calls["steps"].append(step)
+        assert batch.shape == (FAST["batch_size"], FAST["seq_len"] + 1) and batch.dtype == torch.int64
+
+    train(TrainConfig(steps=3, eval_interval=0, prepare_model=prepare, on_setup=setup, on_step=on_step, **FAST))
+    assert calls == {"prepare": 1, "setup": 1, "steps": [0, 1, 2]}
+
+
+def test_resolve_plan(tmp_path):
+    assert resolve_plan("bf16") is None and resolve_plan(None) is None
+    assert resolve_plan("fp8") == "fp8"
+    assert resolve_plan("fp4_mlp") == {"*.mlp.*": "fp4", "*": "fp8"}
+    assert resolve_plan("fp4_mlp") is not PLAN_PRESETS["fp4_mlp"]  # a copy
+    assert resolve_plan("nvfp4") == "nvfp4"
+    plan = {"model.layers.0.mlp.down_proj": "fp4", "*": "fp8"}
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps({"plan": plan, "stats": {}}))
+    assert resolve_plan(str(p)) == plan
+    m = Llama("tiny")
+    assert apply_precision(m, "bf16") is m and all(type(x) is nn.Linear for x in m.modules()
+                                                   if isinstance(x, nn.Linear))
+
+
+def test_cli_train(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = cli.main(["train", "--preset", "tiny", "--steps", "5", "--batch-size", "4", "--seq-len", "32",
+                   "--max-bytes", "1M", "--eval-interval", "0", "--eval-batches", "1", "--seed", "3",
+                   "--out", str(out), "--no-progress"])
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["steps"] == 5 and s["config"]["seed"] == 3 and s["config"]["batch_size"] == 4
+    assert (out / "loss.png").exists()
+    text = capsys.readouterr().out
+    assert "params" in text and "device" in text and "precision" in text
+    assert text.strip().splitlines()[-1].startswith("done: 5 steps")
+
+
+def test_cli_parser():
+    p = cli.build_parser()
+    a = p.parse_args(["train", "--precision", "fp4_mlp", "--device", "cpu", "--max-bytes", "all"])
+    assert a.precision == "fp4_mlp" and a.max_bytes is None and a.steps == 300
+    assert cli.main([]) == 2
+    with pytest.raises(SystemExit):
+        p.parse_args(["train", "--preset", "huge"])
+
+
+# ---- these use snip_ops.convert (the lead's module) -------------------------------------------
+
+def test_fp4_mlp_plan_converts_the_right_layers():
+    import snip_ops
+
+    m = apply_precision(Llama("tiny"), "fp4_mlp")
+    assert isinstance(m.model.layers[0].mlp.gate_proj, snip_ops.SnipLinear)
+    assert isinstance(m.model.layers[0].self_attn.q_proj, snip_ops.SnipLinear)
+    assert not isinstance(m.lm_head, snip_ops.SnipLinear)
+    precs = linear_precisions(m)
+    assert "fp4" in json.dumps(precs["model.layers.1.mlp.down_proj"])
+    assert "fp8" in json.dumps(precs["model.layers.1.self_attn.o_proj"])
+    assert precs["lm_head"] == "bf16"
+
+
+def test_train_fp8_loss_falls(tmp_path):
+    s = train(TrainConfig(steps=30, lr=3e-3, precision="fp8", eval_interval=0, out_dir=str(tmp_path), **FAST))
+    assert not s["diverged"]
+    assert s["plan"] == "fp8"
+    assert s["precision_counts"].get("fp8") == 28
+    assert s["final_train_loss"] < s["initial_val_loss"] - 1.0
+    assert (tmp_path / "summary.json").exists()
