@@ -33,6 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 import planner_fastquant as fq  # noqa: E402
 from planner import Budget, DivergenceConfig, PlannerConfig, StatsConfig, baseline, measure, solve  # noqa: E402
 from planner.cost import LayerShape  # noqa: E402
+from planner.ilp import DEFAULT_LAMBDA  # noqa: E402
 from planner.integration import make_hooks, run_comparison  # noqa: E402
 from planner.stats import LayerStats, PlannerStats  # noqa: E402
 from snip_ops import LinearPrecision, SnipLinear, convert  # noqa: E402
@@ -336,14 +337,21 @@ def bench_quality(args) -> None:
     md = [f"From the {PRE_STEPS}-step bf16 checkpoint (val {ckpt['val_loss']:.4f}), {args.steps} steps per plan, "
           f"seeds {args.seeds}; budget: {BUDGET.describe()}. The SNIP runs (lambda 1, 0.01, 0.001) re-plan every "
           f"{args.interval} steps (FP4 share and objective: means over their plans, objective at their own "
-          f"lambda); the baselines are fixed plans made at the checkpoint (objective: LD/L + WD, lambda 1, under "
-          f"the checkpoint statistics). Gaps are paired per seed (same batches and initial state).", "",
+          f"lambda); the baselines are fixed plans made at the checkpoint (objective: LD/L + lambda WD with the "
+          f"default lambda {DEFAULT_LAMBDA:g}, under the checkpoint statistics). Gaps are paired per seed (same batches and initial state).", "",
           "| plan | FP4 FLOPs | objective | final val loss per seed | mean | mean gap to bf16 |", "|---|---|---|---|---|---|"]
     for label, r in sorted(table.items(), key=lambda kv: kv[1]["mean"]):
         f4 = "-" if r["fp4_fraction"] is None else f"{100 * r['fp4_fraction']:.1f}%"
         obj = "-" if r["planner_objective"] is None else f"{r['planner_objective']:.3e}"
         md.append(f"| {label} | {f4} | {obj} | " + ", ".join(f"{v:.4f}" for v in r["val_loss"])
                   + f" | {r['mean']:.4f} | {r['mean_gap']:+.4f} |")
+    base_names = list(static)
+    for label in snip_lambdas:
+        beaten = [b for b in base_names if table[label]["mean_gap"] < table[b]["mean_gap"]]
+        per_seed = sum(all(table[label]["val_loss"][i] < table[b]["val_loss"][i] for b in base_names)
+                       for i in range(len(args.seeds)))
+        md.append(f"\n{label}: mean gap smaller than {len(beaten)} of {len(base_names)} baselines; below every "
+                  f"baseline on {per_seed} of {len(args.seeds)} seeds.")
     write("quality", {"steps": args.steps, "seeds": args.seeds, "interval": args.interval, "budget": BUDGET.to_json(),
                       "checkpoint_val_loss": ckpt["val_loss"], "table": table, "runs": done,
                       "static_plans": {k: p.to_json(with_stats=False) for k, p in static.items()},

@@ -24,7 +24,7 @@ from typing import Sequence
 from snip_ops.formats import GEMMS
 
 from .cost import Budget, LayerShape, plan_metrics
-from .ilp import InfeasibleBudget, make_plan, validate_candidates
+from .ilp import DEFAULT_LAMBDA, InfeasibleBudget, make_plan, validate_candidates
 from .plan import Plan
 from .stats import PlannerStats
 
@@ -62,7 +62,7 @@ def _order(name: str, stats: PlannerStats, low: str, seed: int, keep: Sequence[s
 
 
 def baseline(name: str, stats: PlannerStats, budget: Budget, high: str = "fp8", low: str = "fp4", *,
-             lam: float = 1.0, seed: int = 0, keep: Sequence[str] = ("down_proj", "o_proj"),
+             lam: float = DEFAULT_LAMBDA, seed: int = 0, keep: Sequence[str] = ("down_proj", "o_proj"),
              tokens: int | None = None) -> Plan:
     """The baseline plan `name` at `budget` (see the module docstring)."""
     names = [s.name for s in stats.layers]

@@ -33,7 +33,7 @@ from snip_ops.module import DEFAULT_EXCLUDE
 from .baselines import baseline
 from .cost import Budget
 from .divergence import DivergenceConfig, measure
-from .ilp import solve, validate_candidates
+from .ilp import DEFAULT_LAMBDA, solve, validate_candidates
 from .plan import Plan
 from .stats import LayerStats, LossFn, PlannerStats, StatsConfig
 
@@ -45,7 +45,7 @@ class PlannerConfig:
     candidates: tuple[str, ...] = ("fp8", "fp4")
     budget: Budget = field(default_factory=lambda: Budget.fp4_fraction(0.75))
     interval: int = 100                       # re-plan every `interval` steps (and at the first step)
-    lam: float = 1.0                          # weight of WD against LD / L
+    lam: float = DEFAULT_LAMBDA               # weight of WD against LD / L (see ilp.DEFAULT_LAMBDA)
     granularity: str = "layer"                # "layer" (one precision per layer) or "gemm"
     method: str = "snip"                      # "snip" (the ILP) or a baseline name (baselines.BASELINES)
     pinned: Mapping[str, object] = field(default_factory=dict)  # {FQN or pattern: precision}

@@ -40,8 +40,8 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 def test_two_gloo_ranks_get_identical_plans(tmp_path):
-    # fork: the workers inherit the imported modules (spawn would re-import torch in each, ~10 s here)
-    mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True, start_method="fork")
+    # spawn, not fork: a forked child cannot run autograd once the parent has (as earlier tests do).
+    mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn")
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["plan"] == r1["plan"]
     assert r0["local"] != r1["local"]  # different batches measured differently ...
