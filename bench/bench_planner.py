@@ -8,7 +8,8 @@
 Each writes bench/results/cpu-planner-<name>.json (raw numbers, command, machine, date) and .md.
 The tiny model's training runs use bench/planner_fastquant.py, a float32 re-implementation of the
 reference quantizer (bit-exact for RNE, same-distribution SR), checked by `verify()` at start-up:
-the int64 reference (Philox SR bits included) makes these runs ~4x slower. `cost` times both.
+the int64 reference (Philox SR bits included) made these runs ~4x slower when they were made (~1.4x
+with the current reference). `cost` times both.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """A fast CPU stand-in for `snip_ops.reference.fake_quantize`, used only by bench/bench_planner.py.
 
-Why: the reference quantizer works on int64 bit patterns and draws SR bits from an int64 Philox; one
-emulated training step of the tiny model under a 75%-FP4 plan takes ~5.0 s with it and ~1.2 s with
-this stand-in (1 thread on this shared 2-core machine, bench/results/cpu-planner-cost.json), and the
-plan-quality benchmark trains thousands of such steps. It computes the same values with float32
-arithmetic on a blocked view:
+Why: the reference quantizer works on int64 bit patterns and draws SR bits from an int64 Philox. When
+the plan-quality and validity runs were made, one emulated training step of the tiny model under a
+75%-FP4 plan took ~5 s with it and ~1.2 s with this stand-in (1 thread, shared 2-core machine); the
+reference has since become faster (bench/results/cpu-planner-cost.json: 1.46 s vs 1.07 s at batch
+8 x 128). The stand-in computes the same values with float32 arithmetic on a blocked view:
 
 * block scales exactly as the reference (`amax / max_finite`, all-zero block -> 1, FP32 or POW2);
 * E4M3 round-to-nearest-even through torch's native float8_e4m3fn cast (after clamping to +-448,

@@ -66,8 +66,8 @@ def baseline(name: str, stats: PlannerStats, budget: Budget, high: str = "fp8", 
              tokens: int | None = None) -> Plan:
     """The baseline plan `name` at `budget` (see the module docstring)."""
     names = [s.name for s in stats.layers]
-    shapes = {s.name: s.shape if tokens is None else LayerShape(s.name, s.shape.in_features, s.shape.out_features, tokens)
-              for s in stats.layers}
+    shapes = {s.name: s.shape if tokens is None else
+              LayerShape(s.name, s.shape.in_features, s.shape.out_features, tokens) for s in stats.layers}
     if name.startswith("uniform_"):
         p = name[len("uniform_"):]
         validate_candidates([p])

@@ -30,7 +30,7 @@ from snip_ops import SnipLinear, convert
 from snip_ops.formats import GEMMS
 from snip_ops.module import DEFAULT_EXCLUDE
 
-from .baselines import baseline
+from .baselines import BASELINES, baseline
 from .cost import Budget
 from .divergence import DivergenceConfig, measure
 from .ilp import DEFAULT_LAMBDA, solve, validate_candidates
@@ -61,6 +61,8 @@ class PlannerConfig:
             raise ValueError(f"interval must be >= 1, got {self.interval}")
         if self.granularity not in ("layer", "gemm"):
             raise ValueError(f"granularity must be 'layer' or 'gemm', got {self.granularity!r}")
+        if self.method != "snip" and self.method not in BASELINES and not self.method.startswith("uniform_"):
+            raise ValueError(f"method must be 'snip' or a baseline ({', '.join(BASELINES)}), got {self.method!r}")
         if self.method != "snip" and self.granularity != "layer":
             raise ValueError("baseline plans are per layer; use granularity='layer'")
 
@@ -101,7 +103,7 @@ class SnipPlanner:
         return self.plan is None or step % self.config.interval == 0
 
     def step(self, step: int, batch, loss_fn: LossFn | None = None) -> Plan | None:
-        """Call before training step `step`: re-plans (and returns the new plan) when due, else None."""
+        """Call once per optimizer step, before it: re-plans (and returns the new plan) when due, else None."""
         return self.replan(batch, step, loss_fn) if self.due(step) else None
 
     def as_hook(self) -> Callable[[int, nn.Module, object], Plan | None]:
@@ -117,7 +119,8 @@ class SnipPlanner:
         t2 = time.perf_counter()
         self.history.append({"step": step, "measure_s": t1 - t0, "solve_s": t2 - t1, **dict(plan.metrics)})
         self.log(f"planner: step {step}: {plan.method} plan, FP4 FLOPs {100 * plan.metrics['fp4_fraction']:.1f}%, "
-                 f"cost {plan.metrics['relative_cost']:.3f} x bf16, measured in {t1 - t0:.1f}s, solved in {t2 - t1:.2f}s")
+                 f"cost {plan.metrics['relative_cost']:.3f} x bf16, measured in {t1 - t0:.1f}s, "
+                 f"solved in {t2 - t1:.2f}s")
         return plan
 
     # -- the pieces --------------------------------------------------------------------------

@@ -151,7 +151,10 @@ def weight_sensitivity(model, layers: Mapping[str, nn.Linear], batch, loss_fn: L
     s_wgrad = {}
     for n in names:
         w = layers[n].weight
-        s_wgrad[n] = float(rec.layers[n].weight_grad.pow(2).mean() * pre.scale[w].pow(2).sum()) / u2 if w in pre.scale else 0.0
+        if w in pre.scale:
+            s_wgrad[n] = float(rec.layers[n].weight_grad.pow(2).mean() * pre.scale[w].pow(2).sum()) / u2
+        else:  # not trained by the optimizer: its update cannot change
+            s_wgrad[n] = 0.0
     params = list(pre.scale)
     acc = {n: 0.0 for n in names}
     if config.method == "per_layer":

@@ -216,8 +216,8 @@ def solve(stats: PlannerStats, budget: Budget, candidates: Sequence[str] = ("fp8
     if budget.kind == "fp4_fraction" and budget.value > 0 and not any(is_fp4(c) for c in candidates):
         raise InfeasibleBudget(f"budget '{budget.describe()}' needs a 4-bit candidate; got {list(candidates)}", 0.0)
     names = [s.name for s in stats.layers]
-    shapes = {s.name: s.shape if tokens is None else LayerShape(s.name, s.shape.in_features, s.shape.out_features, tokens)
-              for s in stats.layers}
+    shapes = {s.name: s.shape if tokens is None else
+              LayerShape(s.name, s.shape.in_features, s.shape.out_features, tokens) for s in stats.layers}
     pins = _pins(names, pinned, set(candidates) | {"bf16"})
     groups = stage_groups(names, stages)
     problem = _formulate(stats, budget, candidates, lam, granularity, pins, groups, shapes)
@@ -273,8 +273,8 @@ def _check_feasible(budget: Budget, pr: _Problem, staged: bool, has_pins: bool) 
     if not ok:
         where = " in the most constrained pipeline stage" if staged and len(best) > 1 else ""
         pins = " and the pinned layers" if has_pins else ""
-        raise InfeasibleBudget(f"budget '{budget.describe()}' is infeasible: with candidates {list(pr.candidates)}{pins}, "
-                               f"{reach}{where}; the tightest feasible budget is {worst:.6g}", worst)
+        raise InfeasibleBudget(f"budget '{budget.describe()}' is infeasible: with candidates {list(pr.candidates)}"
+                               f"{pins}, {reach}{where}; the tightest feasible budget is {worst:.6g}", worst)
 
 
 def make_plan(choice: Mapping[tuple[str, str], str], names: Sequence[str], stats: PlannerStats, budget: Budget,

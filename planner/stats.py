@@ -119,7 +119,9 @@ def high_precision(modules: Mapping[str, nn.Module]) -> Iterator[None]:
 @contextlib.contextmanager
 def isolated_rng(seed: int, device: torch.device) -> Iterator[None]:
     """A fixed RNG state inside (dropout masks agree between passes), the caller's state restored after."""
-    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    devices = []
+    if device.type == "cuda":
+        devices = [device.index if device.index is not None else torch.cuda.current_device()]
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield

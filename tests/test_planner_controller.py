@@ -137,6 +137,8 @@ def test_config_and_cli_errors():
         PlannerConfig(interval=0)
     with pytest.raises(ValueError, match="per layer"):
         PlannerConfig(method="random", granularity="gemm")
+    with pytest.raises(ValueError, match="method must be"):
+        PlannerConfig(method="greedy")
     parser = argparse.ArgumentParser()
     add_planner_args(parser)
     assert config_from_args(parser.parse_args([])) is None
