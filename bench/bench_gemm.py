@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import zlib
 import sys
 import time
@@ -43,6 +42,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cuda_timer import CudaTimer  # noqa: E402
 from snip_ops import _ext, gemm_kernels as gk  # noqa: E402
 from snip_ops.formats import recipe  # noqa: E402
 from snip_ops.quantize import quantize  # noqa: E402
@@ -65,26 +65,6 @@ def layers(quick: bool):
 
 def gemm_dims(gemm: str, M: int, N: int, K: int) -> tuple[int, int, int]:
     return {"fprop": (M, N, K), "dgrad": (M, K, N), "wgrad": (N, K, M)}[gemm]
-
-
-class Timer:
-    def __init__(self, warmup: int, iters: int):
-        self.warmup, self.iters = warmup, iters
-        self.flush_buf = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-
-    def __call__(self, fn) -> float:
-        """Median milliseconds of fn() with a cold L2."""
-        for _ in range(self.warmup):
-            fn()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
-        for s, e in zip(starts, ends):
-            self.flush_buf.zero_()
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
 def operands(gemm: str, m: int, n: int, k: int, name: str):
@@ -138,7 +118,10 @@ def run(args) -> dict:
         sys.exit("bench_gemm: needs a CUDA GPU")
     arch = torch.cuda.get_device_capability()
     device = torch.cuda.get_device_name()
-    timer = Timer(args.warmup, args.iters)
+    seconds = CudaTimer(args.warmup, args.iters)
+
+    def timer(fn) -> float:  # milliseconds
+        return seconds(fn) * 1e3
     sm90 = arch == (9, 0) and _ext.kernel_available("fp8_gemm_nt_blockwise", "cuda")
     sm100 = arch == (10, 0) and _ext.kernel_available("nvfp4_gemm_nt", "cuda")
     if not (sm90 or sm100):

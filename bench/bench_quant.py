@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,31 +35,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cuda_timer import CudaTimer  # noqa: E402
 from snip_ops import _ext  # noqa: E402
 from snip_ops.formats import E2M1, E4M3, QuantSpec, Rounding, ScaleKind  # noqa: E402
 
 SQUARE = (8192, 8192)
 LLAMA = [(8192, 4096), (8192, 11008)]
-
-
-class Timer:
-    def __init__(self, warmup: int, iters: int):
-        self.warmup, self.iters = warmup, iters
-        self.flush_buf = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-
-    def __call__(self, fn) -> float:
-        """Median seconds of fn() with a cold L2."""
-        for _ in range(self.warmup):
-            fn()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
-        for s, e in zip(starts, ends):
-            self.flush_buf.zero_()
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1e3
 
 
 # ---- the benchmarked variants ----
@@ -179,7 +159,7 @@ def run(args) -> dict:
     if not _ext.kernel_available("quantize", "cuda"):
         sys.exit(f"bench_quant: snip_C::quantize is not built for this GPU: {_ext.build_info()}")
     device = torch.cuda.get_device_name()
-    timer = Timer(args.warmup, args.iters)
+    timer = CudaTimer(args.warmup, args.iters)
     shapes = [SQUARE] + ([] if args.quick else LLAMA)
     entries = []
     for m, k in shapes:

@@ -19,6 +19,7 @@ struct KernelEntry {
 constexpr KernelEntry kKernels[] = {
     {"quantize", "*"},  // also the tensor-amax pass of nvfp4
     {"dequantize", "*"},
+    {"adamw", "*"},
 #if SNIP_HAS_SM90
     {"fp8_gemm_nt_blockwise", "sm_90a"},  // also runs fp8_gemm_nt_blockwise_acc
 #endif
@@ -63,6 +64,10 @@ TORCH_LIBRARY(snip_C, m) {
         "Tensor scales, Tensor codes_t, Tensor scales_t, Tensor tensor_scale)");
   m.def("dequantize(Tensor codes, Tensor scales, Tensor? tensor_scale, str spec, int cols, ScalarType dtype) "
         "-> Tensor");
+  m.def("adamw_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+        "int[] param_indices, int[] index_bases, float decay, float beta1, float one_minus_beta1, float beta2, "
+        "float one_minus_beta2, float bias_correction2_sqrt, float step_size, float eps, int step, int seed, "
+        "bool bf16_sr) -> ()");
 #if SNIP_HAS_SM90
   m.def("fp8_gemm_nt_blockwise(Tensor a, Tensor sfa, Tensor b, Tensor sfb, int b_block, ScalarType out_dtype, "
         "Tensor? bias=None, str config=\"\") -> Tensor");
@@ -82,6 +87,7 @@ TORCH_LIBRARY(snip_C, m) {
 TORCH_LIBRARY_IMPL(snip_C, CUDA, m) {
   m.impl("quantize", &snip::quantize);
   m.impl("dequantize", &snip::dequantize);
+  m.impl("adamw_", &snip::adamw_);
 #if SNIP_HAS_SM90
   m.impl("fp8_gemm_nt_blockwise", &snip::fp8_gemm_nt_blockwise);
   m.impl("fp8_gemm_nt_blockwise_acc", &snip::fp8_gemm_nt_blockwise_acc);
@@ -98,6 +104,7 @@ TORCH_LIBRARY_IMPL(snip_C, CUDA, m) {
 TORCH_LIBRARY_IMPL(snip_C, CPU, m) {
   m.impl("quantize", &snip::quantize);
   m.impl("dequantize", &snip::dequantize);
+  m.impl("adamw_", &snip::adamw_);
 #if SNIP_HAS_SM90
   m.impl("fp8_gemm_nt_blockwise", &snip::fp8_gemm_nt_blockwise);
   m.impl("fp8_gemm_nt_blockwise_acc", &snip::fp8_gemm_nt_blockwise_acc);

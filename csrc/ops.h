@@ -73,3 +73,18 @@ at::Tensor mxfp8_gemm_nt_meta(const at::Tensor& a, const at::Tensor& sfa, const 
 #endif
 
 }  // namespace snip
+
+// ---- optimizer (csrc/optim; semantics: snip_ops.optim.adamw_step_reference) ----
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+namespace snip {
+
+// One fused AdamW step over lists of contiguous CUDA tensors of one dtype each (params and grads
+// float32 or bfloat16; moments float32 or bfloat16), updated in place.
+void adamw_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+            at::IntArrayRef param_indices, at::IntArrayRef index_bases, double decay, double beta1,
+            double one_minus_beta1, double beta2, double one_minus_beta2, double bias_correction2_sqrt,
+            double step_size, double eps, int64_t step, int64_t seed, bool bf16_sr);
+
+}  // namespace snip

@@ -44,7 +44,7 @@ def _parse_size(s: str) -> int | None:
 # ---------------------------------------------------------------------------------------
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     from .model import PRESETS
-    from .train import PLAN_PRESETS, TrainConfig
+    from .train import PLAN_PRESETS, WEIGHT_MODES, TrainConfig
 
     d = TrainConfig()
     g = p.add_argument_group("model and optimisation")
@@ -56,6 +56,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup", type=int, default=None, help="warmup steps (default: 10%% of steps, at most 100)")
     g.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay (default: %(default)s)")
     g.add_argument("--grad-clip", type=float, default=d.grad_clip, help="gradient norm clip, 0 = off (default: %(default)s)")
+    g.add_argument("--weights", default=d.weights, choices=WEIGHT_MODES,
+                   help="parameter storage: fp32 (torch AdamW), bf16_sr (BF16 parameters, snip AdamW with "
+                        "stochastic rounding, no FP32 master), bf16_nearest (the same, round to nearest) "
+                        "(default: %(default)s)")
     g = p.add_argument_group("precision")
     g.add_argument("--precision", default="bf16", metavar="PLAN",
                    help=f"{' | '.join(PLAN_PRESETS)} (presets), a precision name applied to every linear "
@@ -100,7 +104,7 @@ def _run_train(args: argparse.Namespace) -> int:
     out = args.out or str(Path("runs") / name)
     cfg = TrainConfig(
         preset=args.preset, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
-        warmup_steps=args.warmup, weight_decay=args.weight_decay, grad_clip=args.grad_clip or None,
+        warmup_steps=args.warmup, weight_decay=args.weight_decay, grad_clip=args.grad_clip or None, weights=args.weights,
         precision=args.precision, corpus=args.corpus, max_bytes=args.max_bytes, token_dtype=args.token_dtype,
         seed=args.seed, device=args.device, eval_interval=args.eval_interval, eval_batches=args.eval_batches,
         out_dir=out, name=name, save_checkpoint=args.save, deterministic=args.deterministic,

@@ -53,6 +53,9 @@ PLAN_PRESETS: dict[str, Any] = {
 }
 
 
+WEIGHT_MODES = ("fp32", "bf16_sr", "bf16_nearest")
+
+
 @dataclass
 class TrainConfig:
     # model
@@ -69,9 +72,13 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     adam_eps: float = 1e-8
     grad_clip: float | None = 1.0
+    # parameter storage and optimizer (WEIGHT_MODES): "fp32" parameters with torch.optim.AdamW, or
+    # "bf16_sr" / "bf16_nearest" BF16 parameters with snip_ops.optim.AdamW writing back with
+    # stochastic rounding / round-to-nearest (no FP32 master copy)
+    weights: str = "fp32"
     # precision
     precision: str | dict | None = "bf16"
-    amp: bool | None = None  # bf16 autocast; None: on for CUDA, off (float32) for CPU
+    amp: bool | None = None  # bf16 autocast; None: on for CUDA or BF16 weights, off (float32) otherwise
     # data
     corpus: str | None = None  # None: the Python stdlib sources
     max_bytes: int | None = DEFAULT_MAX_BYTES
@@ -256,7 +263,9 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log) -> dict[
     model = apply_precision(model, cfg.precision)
     if cfg.prepare_model is not None:
         model = cfg.prepare_model(model) or model
-    model = model.to(device)
+    if cfg.weights not in WEIGHT_MODES:
+        raise ValueError(f"weights must be one of {WEIGHT_MODES}, got {cfg.weights!r}")
+    model = model.to(device, torch.float32 if cfg.weights == "fp32" else torch.bfloat16)
     model.train()
     plan = resolve_plan(cfg.precision)
     precs = linear_precisions(model)
@@ -268,13 +277,18 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log) -> dict[
     opt_kw: dict[str, Any] = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps)
     if device.type == "cuda":
         opt_kw["fused"] = True
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        **opt_kw)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.weights == "fp32":
+        optimizer: torch.optim.Optimizer = torch.optim.AdamW(groups, **opt_kw)
+    else:
+        from snip_ops.optim import AdamW as SnipAdamW
+
+        opt_kw.pop("fused", None)
+        optimizer = SnipAdamW(groups, bf16_sr=cfg.weights == "bf16_sr", seed=cfg.seed, **opt_kw)
     if cfg.on_setup is not None:
         cfg.on_setup(model, optimizer)
 
-    use_amp = (device.type == "cuda") if cfg.amp is None else bool(cfg.amp)
+    use_amp = (device.type == "cuda" or cfg.weights != "fp32") if cfg.amp is None else bool(cfg.amp)
     amp_dtype = torch.bfloat16
 
     def autocast():

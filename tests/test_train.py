@@ -30,6 +30,15 @@ def test_train_bf16_loss_falls_and_writes_outputs(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("weights", ["bf16_sr", "bf16_nearest"])
+def test_train_bf16_weights_without_master_copy(weights):
+    s = train(TrainConfig(steps=30, lr=3e-3, eval_interval=0, weights=weights, **FAST))
+    assert not s["diverged"] and s["final_val_loss"] < s["initial_val_loss"] - 1.0
+    assert s["compute_dtype"] == "bfloat16 (autocast)"
+    with pytest.raises(ValueError, match="weights must be one of"):
+        train(TrainConfig(steps=1, weights="fp16", **FAST))
+
+
 def test_seed_determinism():
     cfg = dict(steps=4, eval_interval=0, **FAST)
     a = train(TrainConfig(seed=1, **cfg))["history"]["train"]["loss"]

@@ -1,0 +1,81 @@
+// The per-element arithmetic of snip_ops.optim.adamw_step_reference, shared by the CUDA kernel
+// (adamw.cu) and the CPU loop (adamw_cpu.cpp): each float operation is one correctly rounded IEEE
+// operation in the reference's order (intrinsics on the device, no FMA contraction on the host), and
+// the BF16 write-backs are cast.round_to_format's rules on the FP32 bit pattern.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "optim/adamw.h"
+#include "quant/quant_math.cuh"
+
+namespace snip::optim {
+
+SNIP_QM float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+SNIP_QM float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+SNIP_QM float sqrt_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
+constexpr uint16_t kBF16NaN = 0x7FFF;  // what the GPU's float -> bf16 conversion writes for NaN
+
+// cast.round_to_format(x, BF16, SR, word) as BF16 bits: add the word's top 16 bits (R = 16) to the
+// 16 bits below the kept mantissa and truncate (FP32 subnormals too: BF16 shares FP32's emin);
+// saturate at the largest finite BF16; Inf stays Inf.
+SNIP_QM uint16_t bf16_sr(float x, uint32_t word) {
+  const uint32_t u = quant::f2u(x), a = u & quant::kAbsMask;
+  if (a > quant::kInfBits) return kBF16NaN;
+  if (a == quant::kInfBits) return uint16_t(u >> 16);
+  uint32_t r = (a + (word >> 16)) & 0xFFFF0000u;
+  if (r >= quant::kInfBits) r = 0x7F7F0000u;
+  return uint16_t(((u & 0x80000000u) | r) >> 16);
+}
+
+// cast.round_to_format(x, BF16, RNE) as BF16 bits, saturating as above.
+SNIP_QM uint16_t bf16_rne(float x) {
+  const uint32_t u = quant::f2u(x), a = u & quant::kAbsMask;
+  if (a > quant::kInfBits) return kBF16NaN;
+  if (a == quant::kInfBits) return uint16_t(u >> 16);
+  uint32_t r = (a + 0x7FFFu + ((a >> 16) & 1u)) & 0xFFFF0000u;
+  if (r >= quant::kInfBits) r = 0x7F7F0000u;
+  return uint16_t(((u & 0x80000000u) | r) >> 16);
+}
+
+SNIP_QM float bf16_to_float(uint16_t h) { return quant::u2f(uint32_t(h) << 16); }
+
+// One element's update; p, m, v in place.
+SNIP_QM void adamw_element(float& p, float g, float& m, float& v, const Scalars& s) {
+  using quant::div_rn;
+  using quant::mul_rn;
+  p = mul_rn(p, s.decay);
+  m = add_rn(mul_rn(m, s.beta1), mul_rn(g, s.one_minus_beta1));
+  v = add_rn(mul_rn(v, s.beta2), mul_rn(mul_rn(g, g), s.one_minus_beta2));
+  const float denom = add_rn(div_rn(sqrt_rn(v), s.bias_correction2_sqrt), s.eps);
+  p = sub_rn(p, mul_rn(div_rn(m, denom), s.step_size));
+}
+
+// Philox groups (4 consecutive global indices) a tensor's elements span, and the first of them.
+SNIP_QM int64_t first_group(const TensorSlot& t) { return t.index_base >> 2; }
+SNIP_QM int64_t num_groups(const TensorSlot& t) {
+  return t.numel <= 0 ? 0 : ((t.index_base + t.numel - 1) >> 2) - (t.index_base >> 2) + 1;
+}
+
+}  // namespace snip::optim
