@@ -66,7 +66,7 @@ TORCH_LIBRARY(snip_C, m) {
         "-> Tensor");
   m.def("adamw_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
         "int[] param_indices, int[] index_bases, float decay, float beta1, float one_minus_beta1, float beta2, "
-        "float one_minus_beta2, float bias_correction2_sqrt, float step_size, float eps, int step, int seed, "
+        "float one_minus_beta2, float inv_bias_correction2_sqrt, float step_size, float eps, int step, int seed, "
         "bool bf16_sr) -> ()");
 #if SNIP_HAS_SM90
   m.def("fp8_gemm_nt_blockwise(Tensor a, Tensor sfa, Tensor b, Tensor sfb, int b_block, ScalarType out_dtype, "

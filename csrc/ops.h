@@ -84,7 +84,7 @@ namespace snip {
 // float32 or bfloat16; moments float32 or bfloat16), updated in place.
 void adamw_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
             at::IntArrayRef param_indices, at::IntArrayRef index_bases, double decay, double beta1,
-            double one_minus_beta1, double beta2, double one_minus_beta2, double bias_correction2_sqrt,
+            double one_minus_beta1, double beta2, double one_minus_beta2, double inv_bias_correction2_sqrt,
             double step_size, double eps, int64_t step, int64_t seed, bool bf16_sr);
 
 }  // namespace snip

@@ -69,7 +69,7 @@ def test_reference_step_matches_its_definition_elementwise():
     s = adamw_scalars(1e-3, 0.9, 0.99, 1e-8, 0.05, 5)
     m32 = m * s.beta1 + g.float() * s.one_minus_beta1
     v32 = v * s.beta2 + (g.float() * g.float()) * s.one_minus_beta2
-    p32 = p.float() * s.decay - (m32 / (v32.sqrt() / s.bias_correction2_sqrt + s.eps)) * s.step_size
+    p32 = p.float() * s.decay - (m32 / (v32.double().sqrt().float() * s.inv_bias_correction2_sqrt + s.eps)) * s.step_size
     from snip_ops.philox import element_words
 
     words = element_words(37, 11, 3, philox_offset(5, 0, 0))

@@ -20,7 +20,7 @@ struct TensorSlot {
 
 // The FP32 scalars of one step (snip_ops.optim.AdamWScalars).
 struct Scalars {
-  float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, step_size, eps;
+  float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, inv_bias_correction2_sqrt, step_size, eps;
 };
 
 // CUDA blocks a tensor needs, so that the caller can lay out `block_start` (see launch_adamw).

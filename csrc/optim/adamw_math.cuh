@@ -68,7 +68,7 @@ SNIP_QM void adamw_element(float& p, float g, float& m, float& v, const Scalars&
   p = mul_rn(p, s.decay);
   m = add_rn(mul_rn(m, s.beta1), mul_rn(g, s.one_minus_beta1));
   v = add_rn(mul_rn(v, s.beta2), mul_rn(mul_rn(g, g), s.one_minus_beta2));
-  const float denom = add_rn(div_rn(sqrt_rn(v), s.bias_correction2_sqrt), s.eps);
+  const float denom = add_rn(mul_rn(sqrt_rn(v), s.inv_bias_correction2_sqrt), s.eps);
   p = sub_rn(p, mul_rn(div_rn(m, denom), s.step_size));
 }
 

@@ -24,7 +24,7 @@ bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(
 
 void adamw_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
             at::IntArrayRef param_indices, at::IntArrayRef index_bases, double decay, double beta1,
-            double one_minus_beta1, double beta2, double one_minus_beta2, double bias_correction2_sqrt,
+            double one_minus_beta1, double beta2, double one_minus_beta2, double inv_bias_correction2_sqrt,
             double step_size, double eps, int64_t step, int64_t seed, bool bf16_sr) {
   const size_t n = params.size();
   TORCH_CHECK(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n && param_indices.size() == n &&
@@ -73,7 +73,7 @@ void adamw_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs
     block_start[i + 1] = block_start[i] + optim::adamw_blocks(slots[i]);
   }
   const optim::Scalars s{float(decay), float(beta1), float(one_minus_beta1), float(beta2), float(one_minus_beta2),
-                         float(bias_correction2_sqrt), float(step_size), float(eps)};
+                         float(inv_bias_correction2_sqrt), float(step_size), float(eps)};
   const bool param_bf16 = param_dtype == at::kBFloat16, state_bf16 = state_dtype == at::kBFloat16;
   if (p0.is_cpu()) {
     optim::adamw_cpu(slots.data(), int(n), s, uint64_t(seed), param_bf16, state_bf16, bf16_sr);
