@@ -1,21 +1,11 @@
 """Converted models under DDP and FSDP2 (fully_shard) with gloo, 2 CPU processes."""
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
-WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from gloo import WORLD, run_on_ranks
 
 
 def _model():
@@ -23,57 +13,48 @@ def _model():
     return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 16))
 
 
-def _worker(rank, port, wrapper, results):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        from snip_ops import convert
+def _train(rank, wrapper):
+    from snip_ops import convert
 
-        torch.set_num_threads(1)
-        model = convert(_model(), "fp4")
-        if wrapper == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
+    model = convert(_model(), "fp4")
+    if wrapper == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
 
-            wrapped = DistributedDataParallel(model)
-        else:
-            from torch.distributed.fsdp import fully_shard
+        wrapped = DistributedDataParallel(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
 
-            for layer in model:
-                if isinstance(layer, nn.Linear):
-                    fully_shard(layer)
-            wrapped = fully_shard(model)
-        opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
-        gen = torch.Generator().manual_seed(100 + rank)  # different data per rank
-        losses = []
-        for step in range(6):
-            if step == 3:  # a new plan between steps, without re-wrapping
-                convert(model, {"0": "fp8", "2": "mxfp4", "4": "bf16"})
-            x = torch.randn(16, 32, generator=gen)
-            loss = wrapped(x).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in wrapped.state_dict().items()}
-        flat = torch.cat([v.detach().flatten() for v in state.values()])
-        gathered = [torch.zeros_like(flat) for _ in range(WORLD)]
-        dist.all_gather(gathered, flat)
-        results[rank] = {
-            "identical": all(torch.equal(gathered[0], g) for g in gathered),
-            "finite": bool(torch.isfinite(flat).all()),
-            "losses": losses,
-            "plan": [str(m.precision) for m in model if hasattr(m, "precision")],
-        }
-    finally:
-        dist.destroy_process_group()
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        wrapped = fully_shard(model)
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(100 + rank)  # different data per rank
+    losses = []
+    for step in range(6):
+        if step == 3:  # a new plan between steps, without re-wrapping
+            convert(model, {"0": "fp8", "2": "mxfp4", "4": "bf16"})
+        x = torch.randn(16, 32, generator=gen)
+        loss = wrapped(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in wrapped.state_dict().items()}
+    flat = torch.cat([v.detach().flatten() for v in state.values()])
+    gathered = [torch.zeros_like(flat) for _ in range(WORLD)]
+    dist.all_gather(gathered, flat)
+    return {
+        "identical": all(torch.equal(gathered[0], g) for g in gathered),
+        "finite": bool(torch.isfinite(flat).all()),
+        "losses": losses,
+        "plan": [str(m.precision) for m in model if hasattr(m, "precision")],
+    }
 
 
 @pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
 def test_two_rank_training_keeps_ranks_identical(wrapper):
-    results = mp.Manager().dict()
-    mp.spawn(_worker, args=(_free_port(), wrapper, results), nprocs=WORLD, join=True)
-    for rank in range(WORLD):
-        r = results[rank]
+    for r in run_on_ranks(_train, wrapper):
         assert r["identical"] and r["finite"]
         assert r["plan"] == ["fp8", "mxfp4", "bf16"]
         assert all(torch.isfinite(torch.tensor(r["losses"])))

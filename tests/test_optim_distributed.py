@@ -2,22 +2,12 @@
 identically under DDP; DTensor shards (FSDP2) draw the bits of their global indices, so a sharded
 step equals the unsharded one bit for bit."""
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
-WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from gloo import WORLD, run_on_ranks
 
 
 def _model():
@@ -46,79 +36,66 @@ def _gathered_identical(flat):
     return all(torch.equal(gathered[0], g) for g in gathered)
 
 
-def _worker(rank, port, case, results):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        torch.set_num_threads(1)
-        from snip_ops import convert
-        from snip_ops.optim import AdamW
+def _worker(rank, case):
+    from snip_ops import convert
+    from snip_ops.optim import AdamW
 
-        if case == "dtensor":
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.tensor import Shard, distribute_tensor
+    if case == "dtensor":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
 
-            mesh = init_device_mesh("cpu", (WORLD,))
-            gen = torch.Generator().manual_seed(0)
-            shapes = [(5, 5), (7, 3), (9,), (1, 6)]  # shard offsets 15, 12, 5 and an empty shard
-            fulls = [torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes]
-            grads = [[torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes] for _ in range(3)]
-            sharded = [nn.Parameter(distribute_tensor(f.clone(), mesh, [Shard(0)])) for f in fulls]
-            plain = [nn.Parameter(f.clone()) for f in fulls]
-            opts = [AdamW(sharded, lr=1e-2, seed=9, state_dtype=torch.bfloat16),
-                    AdamW(plain, lr=1e-2, seed=9, state_dtype=torch.bfloat16)]
-            for step_grads in grads:
-                for p, q, g in zip(sharded, plain, step_grads):
-                    p.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
-                    q.grad = g.clone()
-                for opt in opts:
-                    opt.step()
-            results[rank] = {"equal": all(torch.equal(p.full_tensor(), q.detach()) for p, q in zip(sharded, plain))}
-            return
+        mesh = init_device_mesh("cpu", (WORLD,))
+        gen = torch.Generator().manual_seed(0)
+        shapes = [(5, 5), (7, 3), (9,), (1, 6)]  # shard offsets 15, 12, 5 and an empty shard
+        fulls = [torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes]
+        grads = [[torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes] for _ in range(3)]
+        sharded = [nn.Parameter(distribute_tensor(f.clone(), mesh, [Shard(0)])) for f in fulls]
+        plain = [nn.Parameter(f.clone()) for f in fulls]
+        opts = [AdamW(sharded, lr=1e-2, seed=9, state_dtype=torch.bfloat16),
+                AdamW(plain, lr=1e-2, seed=9, state_dtype=torch.bfloat16)]
+        for step_grads in grads:
+            for p, q, g in zip(sharded, plain, step_grads):
+                p.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
+                q.grad = g.clone()
+            for opt in opts:
+                opt.step()
+        return {"equal": all(torch.equal(p.full_tensor(), q.detach()) for p, q in zip(sharded, plain))}
 
-        model = convert(_model(), "fp8")
-        if case == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
+    model = convert(_model(), "fp8")
+    if case == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
 
-            wrapped = DistributedDataParallel(model)
-        else:
-            from torch.distributed.fsdp import fully_shard
+        wrapped = DistributedDataParallel(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
 
-            for layer in model:
-                if isinstance(layer, nn.Linear):
-                    fully_shard(layer)
-            wrapped = fully_shard(model)
-        opt = AdamW(wrapped.parameters(), lr=1e-2, seed=1234)
-        before = _flat_state(wrapped)
-        _train(wrapped, opt, rank)
-        after = _flat_state(wrapped)
-        results[rank] = {
-            "identical": _gathered_identical(after),
-            "moved": not torch.equal(before, after),
-            "finite": bool(torch.isfinite(after).all()),
-            "bf16": all(p.dtype == torch.bfloat16 for p in wrapped.parameters()),
-            "flat": after,
-        }
-    finally:
-        dist.destroy_process_group()
-
-
-def _spawn(case):
-    results = mp.Manager().dict()
-    mp.spawn(_worker, args=(_free_port(), case, results), nprocs=WORLD, join=True)
-    return [results[r] for r in range(WORLD)]
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        wrapped = fully_shard(model)
+    opt = AdamW(wrapped.parameters(), lr=1e-2, seed=1234)
+    before = _flat_state(wrapped)
+    _train(wrapped, opt, rank)
+    after = _flat_state(wrapped)
+    return {
+        "identical": _gathered_identical(after),
+        "moved": not torch.equal(before, after),
+        "finite": bool(torch.isfinite(after).all()),
+        "bf16": all(p.dtype == torch.bfloat16 for p in wrapped.parameters()),
+        "flat": after,
+    }
 
 
 @pytest.mark.parametrize("case", ["ddp", "fsdp2"])
 def test_ranks_round_identically(case):
-    first = _spawn(case)
+    first = run_on_ranks(_worker, case)
     for r in first:
         assert r["identical"] and r["moved"] and r["finite"] and r["bf16"]
     if case == "ddp":  # and a second pair of processes reproduces the run bit for bit
-        second = _spawn(case)
+        second = run_on_ranks(_worker, case)
         assert torch.equal(first[0]["flat"], second[0]["flat"])
 
 
 def test_dtensor_shards_equal_the_unsharded_step():
-    for r in _spawn("dtensor"):
+    for r in run_on_ranks(_worker, "dtensor"):
         assert r["equal"]
