@@ -30,3 +30,17 @@ def run_on_ranks(fn, *args) -> list:
     results = mp.Manager().dict()
     mp.start_processes(_entry, args=(_free_port(), fn, args, results), nprocs=WORLD, join=True, start_method="spawn")
     return [results[r] for r in range(WORLD)]
+
+
+def wrap(model: torch.nn.Sequential, wrapper: str) -> torch.nn.Module:
+    """`model` under DDP ("ddp") or FSDP2 ("fsdp2": each nn.Linear, then the whole, fully_shard-ed)."""
+    if wrapper == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    return fully_shard(model)

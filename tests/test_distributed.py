@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gloo import WORLD, run_on_ranks
+from gloo import WORLD, run_on_ranks, wrap
 
 
 def _model():
@@ -17,17 +17,7 @@ def _train(rank, wrapper):
     from snip_ops import convert
 
     model = convert(_model(), "fp4")
-    if wrapper == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        wrapped = DistributedDataParallel(model)
-    else:
-        from torch.distributed.fsdp import fully_shard
-
-        for layer in model:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer)
-        wrapped = fully_shard(model)
+    wrapped = wrap(model, wrapper)
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(100 + rank)  # different data per rank
     losses = []

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gloo import WORLD, run_on_ranks
+from gloo import WORLD, run_on_ranks, wrap
 
 
 def _model():
@@ -62,17 +62,7 @@ def _worker(rank, case):
         return {"equal": all(torch.equal(p.full_tensor(), q.detach()) for p, q in zip(sharded, plain))}
 
     model = convert(_model(), "fp8")
-    if case == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        wrapped = DistributedDataParallel(model)
-    else:
-        from torch.distributed.fsdp import fully_shard
-
-        for layer in model:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer)
-        wrapped = fully_shard(model)
+    wrapped = wrap(model, case)
     opt = AdamW(wrapped.parameters(), lr=1e-2, seed=1234)
     before = _flat_state(wrapped)
     _train(wrapped, opt, rank)
