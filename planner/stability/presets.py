@@ -5,14 +5,14 @@ idle core, because every GEMM operand is cast in PyTorch; an FP32 step costs ~0.
 per core:
 
 * "cpu-quick": 6 precisions x 4 learning rates x 2 seeds, 60 steps. A smoke test of a precision plan:
-  ~5 min on 2 idle cores by those step costs. It took 19 min on a VM shared with other jobs (load
-  average 7-9).
+  234 s for the whole `snip sweep --preset cpu-quick` on 2 idle cores
+  (bench/results/cpu-stability-quick-2026-11-23.md).
 * "cpu":       the bit-reduction measurement. E8M7 (the bf16 layout) down to E8M2, plus E5M2 and E4M3,
   against FP32, x 4 learning rates x 3 seeds, 100 steps. ~20 min on 2 idle cores; 74 min on the shared
   VM (bench/results/cpu-stability-*.md).
 
 GPU (run with `--device cuda --workers N`; for models this small several workers can share one GPU).
-These grids have not been run yet (this session had no GPU). Their costs are estimates, and their
+These grids have not been run yet (no GPU has been available). Their costs are estimates, and their
 learning rates are the usual range for these model sizes; they may need shifting to bracket the FP32
 stability edge:
 
