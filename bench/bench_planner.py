@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import platform
@@ -38,7 +39,7 @@ from planner.ilp import DEFAULT_LAMBDA  # noqa: E402
 from planner.integration import make_hooks, run_comparison  # noqa: E402
 from planner.stats import LayerStats, PlannerStats  # noqa: E402
 from snip_ops import LinearPrecision, SnipLinear, convert  # noqa: E402
-from snip_ops.formats import GEMMS  # noqa: E402
+from snip_ops.formats import GEMMS, Rounding, recipe  # noqa: E402
 from snip_train.data import TokenData  # noqa: E402
 from snip_train.model import Llama, LlamaConfig  # noqa: E402
 from snip_train.train import TrainConfig, train  # noqa: E402
@@ -50,6 +51,7 @@ RUN = dict(preset="tiny", batch_size=8, seq_len=128, weight_decay=0.1, grad_clip
            progress=False, max_bytes=8 * 2**20)
 PRE_STEPS, LR = 400, 3e-3
 BUDGET = Budget.fp4_fraction(0.75)
+SR_DRAWS = 8  # stochastic-rounding passes per layer in the forward-only SR truth
 LAMBDAS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 
 
@@ -216,10 +218,23 @@ def spearman(a, b) -> float:
     return float(spearmanr(a, b).statistic)
 
 
+def bootstrap_spearman(a, b, resamples: int = 2000, seed: int = 0) -> list[float]:
+    """5th and 95th percentiles of Spearman(a, b) over layers resampled with replacement."""
+    r = random.Random(seed)
+    n, vals = len(a), []
+    for _ in range(resamples):
+        idx = [r.randrange(n) for _ in range(n)]
+        v = spearman([a[i] for i in idx], [b[i] for i in idx])
+        if v == v:  # a resample of ties gives NaN
+            vals.append(v)
+    vals.sort()
+    return [vals[int(0.05 * len(vals))], vals[int(0.95 * len(vals)) - 1]]
+
+
 def bench_validity(args) -> None:
     ckpt = checkpoint()
     with fq.installed():
-        stats = {d: stats_at(ckpt, d) for d in (2, 8)}
+        stats = {d: stats_at(ckpt, d) for d in (1, 2, 8)}
         names = [s.name for s in stats[8].layers]
         # ground truth 1: forward-only loss increase, fprop of one layer in fp4, on 8 validation batches
         model, _, layers = model_at(ckpt)
@@ -231,10 +246,18 @@ def bench_validity(args) -> None:
             with torch.no_grad():
                 return sum(float(model.loss(b)) for b in val) / len(val)
         base = val_loss()
-        fwd = {}
+        fwd, fwd_sr = {}, {}
+        # (a') the same with the fprop operands stochastically rounded (unbiased noise, fresh bits per
+        # forward), averaged over SR_DRAWS passes: the quantity LD estimates, E[L(y + noise)] - L(y),
+        # without the first-order term g . delta of one fixed round-to-nearest perturbation.
+        fp4 = recipe("fp4")
+        fp4_sr = dataclasses.replace(fp4, name="fp4_sr", act=dataclasses.replace(fp4.act, rounding=Rounding.SR),
+                                     weight=dataclasses.replace(fp4.weight, rounding=Rounding.SR))
         for n in names:
             layers[n].set_precision(LinearPrecision(fprop="fp4", dgrad="bf16", wgrad="bf16"))
             fwd[n] = val_loss() - base
+            layers[n].set_precision(LinearPrecision(fprop=fp4_sr, dgrad="bf16", wgrad="bf16"))
+            fwd_sr[n] = statistics.mean(val_loss() for _ in range(SR_DRAWS)) - base
             layers[n].set_precision("bf16")
         # ground truth 2: K training steps with one layer (all three GEMMs) in fp4, minus the same in bf16
         # Two readings per run, both paired with a bf16 run on the same batches: the mean training-loss
@@ -266,24 +289,32 @@ def bench_validity(args) -> None:
         wd = [by[n].wd("fp4") for n in names]
         corr[f"draws{d}"] = {
             "spearman_LD_vs_forward_only_truth": spearman(ld, [fwd[n] for n in names]),
+            "spearman_LD_vs_forward_only_sr_truth": spearman(ld, [fwd_sr[n] for n in names]),
             "spearman_LD_vs_trained_truth": spearman(ld, trained),
             "spearman_WD_vs_trained_truth": spearman(wd, trained),
             "spearman_LD+lambda*WD_vs_trained_truth": {str(lam): spearman([a + lam * b for a, b in zip(ld, wd)], trained)
                                                        for lam in LAMBDAS},
             "spearman_LD+lambda*WD_vs_final_val_truth": {str(lam): spearman([a + lam * b for a, b in zip(ld, wd)],
                                                                             trained_val) for lam in LAMBDAS},
+            f"bootstrap_90pct_spearman_at_default_lambda_{DEFAULT_LAMBDA:g}": {
+                truth_name: bootstrap_spearman([a + DEFAULT_LAMBDA * b for a, b in zip(ld, wd)], t)
+                for truth_name, t in (("trained", trained), ("final_val", trained_val))},
         }
         if d == 8:
-            rows = [{"layer": n, "LD/L": a, "WD": b, "forward_only_truth": fwd[n], "trained_truth": t,
+            rows = [{"layer": n, "LD/L": a, "WD": b, "forward_only_truth": fwd[n], "forward_only_sr_truth": fwd_sr[n],
+                     "trained_truth": t,
                      "final_val_truth": v, "per_seed": truth[n]}
                     for n, a, b, t, v in zip(names, ld, wd, trained, trained_val)]
     md = [f"Checkpoint: tiny model, {PRE_STEPS} bf16 steps (val loss {ckpt['val_loss']:.4f}). Ground truth: fp4 on one "
-          f"layer at a time; (a) forward-only loss increase on 8 validation batches; (b) 'trained truth': mean "
+          f"layer at a time; (a) forward-only loss increase on 8 validation batches (fprop in fp4, round to nearest); "
+          f"(a') the same with stochastically rounded fprop operands, mean of {SR_DRAWS} passes with fresh bits; (b) 'trained truth': mean "
           f"training-loss increase over {args.steps} steps from the checkpoint, paired with bf16 on the same batches, "
           f"mean over seeds {args.seeds}; (c) final validation-loss increase of the same runs.", "",
           "```", json.dumps(corr, indent=1), "```", "",
-          "| layer | LD/L | WD | fwd-only truth | trained truth | final-val truth |", "|---|---|---|---|---|---|"]
+          "| layer | LD/L | WD | fwd-only truth | fwd-only SR truth | trained truth | final-val truth |",
+          "|---|---|---|---|---|---|---|"]
     md += [f"| {r['layer']} | {r['LD/L']:.3e} | {r['WD']:.3e} | {r['forward_only_truth']:+.5f} | "
+           f"{r['forward_only_sr_truth']:+.6f} | "
            f"{r['trained_truth']:+.5f} | {r['final_val_truth']:+.5f} |" for r in rows]
     write("validity", {"steps": args.steps, "seeds": args.seeds, "checkpoint_val_loss": ckpt["val_loss"],
                        "correlations": corr, "layers": rows,

@@ -9,8 +9,8 @@ from ._ext import build_info
 from .formats import GemmRecipe, LinearPrecision, QuantSpec, Rounding, ScaleKind, recipe
 from .linear import linear
 from .module import SnipLinear, convert
-from .reference import QTensor, dequantize, fake_quantize
-from .quantize import quantize
+from .reference import QTensor, fake_quantize
+from .quantize import dequantize, quantize
 
 __all__ = [
     "formats", "build_info", "GemmRecipe", "LinearPrecision", "QuantSpec", "Rounding", "ScaleKind", "recipe",

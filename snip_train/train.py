@@ -399,7 +399,8 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log) -> dict[
                  "val_tokens": data.num_tokens("val"), "vocab_size": data.vocab_size},
         "precision": _jsonable(cfg.precision),
         "plan": _jsonable(plan),
-        "linear_precisions": precs,
+        "linear_precisions": precs,  # at the start; a planner may change them during training
+        "final_linear_precisions": linear_precisions(model),
         "precision_counts": counts,
         "steps": steps_done,
         "tokens_per_step": tokens_per_step,

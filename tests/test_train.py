@@ -86,6 +86,19 @@ def test_hooks_are_called():
     assert calls == {"prepare": 1, "setup": 1, "steps": [0, 1, 2]}
 
 
+def test_summary_reports_precisions_changed_during_training():
+    def on_step(step, model, batch):
+        if step == 1:
+            for m in model.modules():
+                if hasattr(m, "set_precision"):
+                    m.set_precision("fp4")
+
+    s = train(TrainConfig(steps=2, eval_interval=0, precision="fp8", on_step=on_step, **FAST))
+    converted = lambda precs: {v for k, v in precs.items() if k != "lm_head"}  # noqa: E731 (lm_head stays bf16)
+    assert converted(s["linear_precisions"]) == {"fp8"}
+    assert converted(s["final_linear_precisions"]) == {"fp4"}
+
+
 def test_resolve_plan(tmp_path):
     assert resolve_plan("bf16") is None and resolve_plan(None) is None
     assert resolve_plan("fp8") == "fp8"
