@@ -10,7 +10,9 @@ Scale choice (DESIGN.md §1), with amax the block's max |x| in float32:
   * E8M0:  the POW2 value stored as a biased exponent byte (no saturation of the block's amax,
            unlike the OCP floor(log2(amax)) - emax rule);
   * NVFP4: tensor scale t = tensor_amax / (448 * 6); block scale b = e4m3_rne(amax / (t * 6)), at
-           least the smallest E4M3 subnormal; the element scale is s = b * t (float32 product).
+           least the smallest E4M3 subnormal; the element scale is s = b * t (float32 product). When
+           that product underflows to 0 (a tensor scale near 2^-149) s is +Inf instead, so the block's
+           codes are 0 and it dequantizes to 0 = code * b * t, never to NaN.
 An all-zero block gets scale 1; a scale that underflows to 0 (subnormal amax) becomes the
 smallest positive float32, 2^-149 (E8M0: 2^-127). A block whose amax is NaN or Inf gets a NaN scale and all-zero codes,
 so it dequantizes to NaN: non-finite input never turns into finite numbers. Elements are
@@ -118,7 +120,8 @@ def _block_scales(amax: torch.Tensor, spec: QuantSpec, tensor_scale: torch.Tenso
         b = torch.where(amax == 0, torch.ones_like(b), b)
         b = torch.where(finite, b, nan)
         b = torch.where(torch.isfinite(tensor_scale), b, nan)
-        return b.to(torch.float8_e4m3fn), b * tensor_scale
+        s = b * tensor_scale
+        return b.to(torch.float8_e4m3fn), torch.where(s == 0, torch.full_like(s, float("inf")), s)
     s = amax / spec.element.max_finite
     # A subnormal amax can make amax / max_finite underflow to 0: keep the smallest positive scale.
     s = torch.where((s == 0) & (amax > 0), torch.full_like(s, 2.0**-149), s)
@@ -210,7 +213,8 @@ def fake_quantize(
     y, _, s_el, _ = _quantize_values(x, spec, seed, offset, transpose, tensor_amax, False)
     if s_el is None:
         return y
-    return y * s_el
+    # An infinite element scale only stands for an underflowed nvfp4 b * t, which dequantizes as 0.
+    return y * torch.where(torch.isinf(s_el), torch.zeros_like(s_el), s_el)
 
 
 def dequantize(q: QTensor) -> torch.Tensor:

@@ -298,9 +298,6 @@ def test_nvfp4_tensor_amax(spec, amax):
         assert_same(q.tensor_scale, want.tensor_scale, "tensor_scale")
 
 
-@pytest.mark.xfail(strict=True, reason="reference issue reported to the lead: an nvfp4 element scale b*t can "
-                   "underflow to 0; then x/0 gives NaN whose sign (hence the E2M1 'NaN' code 0x7/0xF) differs "
-                   "between the CPU (-NaN for 0/0) and CUDA (+NaN)")
 def test_nvfp4_element_scale_underflow():
     x = torch.zeros(1, 16, device=DEV)
     x[0, 0] = 2.0**-149

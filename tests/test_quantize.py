@@ -117,6 +117,19 @@ def test_nvfp4_tiny_block_keeps_a_nonzero_scale():
     assert q.scales.float()[0, 1] == E4M3.min_subnormal
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_nvfp4_underflowing_element_scale_gives_zero_codes(sign):
+    """b * t can underflow for a tensor scale near 2^-149: zero codes, zero values, never NaN."""
+    x = torch.zeros(2, 16)
+    x[0, 0] = sign * 2.0**-149
+    x[1, 3] = sign * 2.0**-148
+    q = quantize(x, SPECS["nvfp4"])
+    assert q.tensor_scale == 2.0**-149  # amax / 2688 underflowed; kept at the smallest positive float
+    assert (q.codes == 0).all()
+    assert torch.equal(q.dequantize(), torch.zeros(2, 16))
+    assert torch.equal(fake_quantize(x, SPECS["nvfp4"]), torch.zeros(2, 16))
+
+
 @pytest.mark.parametrize("name", ["fp8_1x128", "mxfp4", "fp4_1x128", "nvfp4"])
 def test_zero_blocks_get_scale_one(name):
     x = torch.zeros(3, 256)

@@ -217,7 +217,8 @@ SNIP_QM BlockScale block_scale(uint32_t amax_bits, ScaleKind kind, Elem elem, fl
       b = round_to_code(div_rn(amax, mul_rn(tensor_scale, 6.0f)), e4m3, false, 0);
       if ((b & 0x7F) == 0) b = 1;                         // +-0 -> E4M3 min subnormal
     }
-    return BlockScale{mul_rn(decode(b, e4m3), tensor_scale), b};
+    const float s = mul_rn(decode(b, e4m3), tensor_scale);
+    return BlockScale{s == 0.0f ? INFINITY : s, b};     // an underflowed b * t: zero codes (reference)
   }
   float s;
   if (!finite) {
