@@ -84,7 +84,12 @@ TORCH_LIBRARY(snip_C, m) {
 #endif
 }
 
-TORCH_LIBRARY_IMPL(snip_C, CUDA, m) {
+namespace {
+
+// CUDA and CPU share each op's entry point. On the CPU most of them run their argument checks and
+// then refuse with a message that points to the PyTorch reference (instead of the dispatcher's
+// generic "no CPU backend" error); adamw_ runs its host loop.
+void impl_device_ops(torch::Library& m) {
   m.impl("quantize", &snip::quantize);
   m.impl("dequantize", &snip::dequantize);
   m.impl("adamw_", &snip::adamw_);
@@ -99,22 +104,10 @@ TORCH_LIBRARY_IMPL(snip_C, CUDA, m) {
 #endif
 }
 
-// The CPU entry runs the same argument checks and then refuses with a message that points to the
-// reference implementation, instead of the dispatcher's generic "no CPU backend" error.
-TORCH_LIBRARY_IMPL(snip_C, CPU, m) {
-  m.impl("quantize", &snip::quantize);
-  m.impl("dequantize", &snip::dequantize);
-  m.impl("adamw_", &snip::adamw_);
-#if SNIP_HAS_SM90
-  m.impl("fp8_gemm_nt_blockwise", &snip::fp8_gemm_nt_blockwise);
-  m.impl("fp8_gemm_nt_blockwise_acc", &snip::fp8_gemm_nt_blockwise_acc);
-#endif
-#if SNIP_HAS_SM100
-  m.impl("nvfp4_gemm_nt", &snip::nvfp4_gemm_nt);
-  m.impl("mxfp4_gemm_nt", &snip::mxfp4_gemm_nt);
-  m.impl("mxfp8_gemm_nt", &snip::mxfp8_gemm_nt);
-#endif
-}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(snip_C, CUDA, m) { impl_device_ops(m); }
+TORCH_LIBRARY_IMPL(snip_C, CPU, m) { impl_device_ops(m); }
 
 TORCH_LIBRARY_IMPL(snip_C, Meta, m) {
   m.impl("quantize", &snip::quantize_meta);
