@@ -1,8 +1,14 @@
-"""The three GEMMs of a linear layer under a `GemmRecipe`, emulated in PyTorch (DESIGN.md §3).
+"""The three GEMMs of a linear layer under a `GemmRecipe` (DESIGN.md §3).
 
-Each operand is quantized exactly as the kernels quantize it (`reference.fake_quantize`, blocks along
-the GEMM's reduction dimension), dequantized to float32 and multiplied in float32: this is the
-reference the CUDA GEMMs are checked against and the path used where no kernel exists.
+Emulated (the reference, and the path wherever no kernel exists): each operand is quantized exactly
+as the kernels quantize it (`reference.fake_quantize`, blocks along the GEMM's reduction dimension),
+dequantized to float32 and multiplied in float32.
+
+Kernels (a CUDA tensor, the extension's quantizer compiled for its GPU, `emulate=False`): the
+operands go through `snip_ops.quantize` (the CUDA quantizer, transposes fused into it, bit-identical
+to the reference) and `gemm_kernels.qgemm`, which runs the fastest exact GEMM of the dequantized
+operands (CUTLASS FP8/FP4 on Hopper and Blackwell, else a BF16 or FP32 GEMM): the same numbers up to
+the GEMM's summation order. This path has not been run on a GPU yet (tests/test_linear_kernels_gpu.py).
 
 Stochastic rounding: the call's `(seed, offset)` gives each operand its own Philox stream,
 `offset * 8 + operand id` with the ids below, so that no two operands of a step share random bits.
@@ -12,16 +18,34 @@ from __future__ import annotations
 
 import torch
 
+from . import _ext
 from .formats import GemmRecipe, QuantSpec
 from .reference import fake_quantize
 
-__all__ = ["fprop", "dgrad", "wgrad", "OPERAND_IDS", "operand_offset"]
+__all__ = ["fprop", "dgrad", "wgrad", "uses_kernels", "OPERAND_IDS", "operand_offset"]
 
 OPERAND_IDS = {"x": 0, "w": 1, "dy": 2, "wt": 3, "dyt": 4, "xt": 5}
 
 
 def operand_offset(offset: int, operand: str) -> int:
     return offset * 8 + OPERAND_IDS[operand]
+
+
+def uses_kernels(t: torch.Tensor, recipe: GemmRecipe, emulate: bool = False) -> bool:
+    """Whether a GEMM of `recipe` on tensors like `t` takes the kernel path."""
+    return (not emulate and t.is_cuda and None not in (recipe.act, recipe.weight, recipe.grad)
+            and _ext.kernel_available("quantize", t.device))
+
+
+def _qgemm(a: torch.Tensor, a_spec: QuantSpec, a_operand: str, a_t: bool, b: torch.Tensor, b_spec: QuantSpec,
+           b_operand: str, b_t: bool, seed: int, offset: int) -> torch.Tensor:
+    """quantize(a) . quantize(b)^T in float32 on the kernels (`*_t`: quantize the transpose)."""
+    from .gemm_kernels import qgemm
+    from .quantize import quantize
+
+    qa = quantize(a, a_spec, seed=seed, offset=operand_offset(offset, a_operand), transpose=a_t)
+    qb = quantize(b, b_spec, seed=seed, offset=operand_offset(offset, b_operand), transpose=b_t)
+    return qgemm(qa, qb, out_dtype=torch.float32)
 
 
 def _q(t: torch.Tensor, spec: QuantSpec | None, seed: int, offset: int, operand: str, transpose: bool = False):
@@ -32,22 +56,31 @@ def _q(t: torch.Tensor, spec: QuantSpec | None, seed: int, offset: int, operand:
     return fake_quantize(t, spec, seed=seed, offset=operand_offset(offset, operand), transpose=transpose)
 
 
-def fprop(x: torch.Tensor, w: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0) -> torch.Tensor:
+def fprop(x: torch.Tensor, w: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0,
+          emulate: bool = False) -> torch.Tensor:
     """y = x w^T in float32; x [M, K] (1-D blocks along K), w [N, K]."""
     if recipe.is_bf16:
         return (x @ w.t()).float()
+    if uses_kernels(x, recipe, emulate):
+        return _qgemm(x, recipe.act, "x", False, w, recipe.weight, "w", False, seed, offset)
     return _q(x, recipe.act, seed, offset, "x") @ _q(w, recipe.weight, seed, offset, "w").t()
 
 
-def dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0) -> torch.Tensor:
+def dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0,
+          emulate: bool = False) -> torch.Tensor:
     """dx = dy w in float32; dy [M, N] (blocks along N), w^T quantized with blocks along N."""
     if recipe.is_bf16:
         return (dy @ w).float()
+    if uses_kernels(dy, recipe, emulate):
+        return _qgemm(dy, recipe.grad, "dy", False, w, recipe.weight, "wt", True, seed, offset)
     return _q(dy, recipe.grad, seed, offset, "dy") @ _q(w, recipe.weight, seed, offset, "wt", transpose=True).t()
 
 
-def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0) -> torch.Tensor:
+def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0,
+          emulate: bool = False) -> torch.Tensor:
     """dw = dy^T x in float32; both operands quantized with blocks along M (the token dimension)."""
     if recipe.is_bf16:
         return (dy.t() @ x).float()
+    if uses_kernels(dy, recipe, emulate):
+        return _qgemm(dy, recipe.grad, "dyt", True, x, recipe.act, "xt", True, seed, offset)
     return _q(dy, recipe.grad, seed, offset, "dyt", transpose=True) @ _q(x, recipe.act, seed, offset, "xt", transpose=True).t()

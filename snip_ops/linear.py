@@ -23,44 +23,53 @@ def _recipe(key: str) -> GemmRecipe:
     return GemmRecipe.from_key(key)
 
 
+def _no_autocast(t: torch.Tensor):
+    """The GEMMs define their own numerics (FP32 GEMMs of dequantized operands): an enclosing
+    autocast region must not turn those into BF16 matmuls."""
+    return torch.autocast(t.device.type, enabled=False)
+
+
 @torch.library.custom_op("snip::linear_fprop", mutates_args=())
-def _fprop(x: torch.Tensor, w: torch.Tensor, recipe: str, seed: int, offset: torch.Tensor) -> torch.Tensor:
-    return gemm.fprop(x, w, _recipe(recipe), seed, int(offset)).to(x.dtype)
+def _fprop(x: torch.Tensor, w: torch.Tensor, recipe: str, seed: int, offset: torch.Tensor, emulate: bool) -> torch.Tensor:
+    with _no_autocast(x):
+        return gemm.fprop(x, w, _recipe(recipe), seed, int(offset), emulate).to(x.dtype)
 
 
 @_fprop.register_fake
-def _(x, w, recipe, seed, offset):
+def _(x, w, recipe, seed, offset, emulate):
     return x.new_empty(x.shape[0], w.shape[0])
 
 
 @torch.library.custom_op("snip::linear_dgrad", mutates_args=())
-def _dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: str, seed: int, offset: torch.Tensor) -> torch.Tensor:
-    return gemm.dgrad(dy, w, _recipe(recipe), seed, int(offset)).to(dy.dtype)
+def _dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: str, seed: int, offset: torch.Tensor, emulate: bool) -> torch.Tensor:
+    with _no_autocast(dy):
+        return gemm.dgrad(dy, w, _recipe(recipe), seed, int(offset), emulate).to(dy.dtype)
 
 
 @_dgrad.register_fake
-def _(dy, w, recipe, seed, offset):
+def _(dy, w, recipe, seed, offset, emulate):
     return dy.new_empty(dy.shape[0], w.shape[1])
 
 
 @torch.library.custom_op("snip::linear_wgrad", mutates_args=())
-def _wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: str, seed: int, offset: torch.Tensor) -> torch.Tensor:
-    return gemm.wgrad(dy, x, _recipe(recipe), seed, int(offset))
+def _wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: str, seed: int, offset: torch.Tensor, emulate: bool) -> torch.Tensor:
+    with _no_autocast(dy):
+        return gemm.wgrad(dy, x, _recipe(recipe), seed, int(offset), emulate)
 
 
 @_wgrad.register_fake
-def _(dy, x, recipe, seed, offset):
+def _(dy, x, recipe, seed, offset, emulate):
     return dy.new_empty(dy.shape[1], x.shape[1], dtype=torch.float32)
 
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, w, b, fprop, dgrad, wgrad, seed, offset):
+    def forward(ctx, x2, w, b, fprop, dgrad, wgrad, seed, offset, emulate):
         ctx.save_for_backward(x2, w, offset)
         ctx.recipes = (dgrad, wgrad)
-        ctx.seed = seed
+        ctx.seed, ctx.emulate = seed, emulate
         ctx.bias_dtype = None if b is None else b.dtype
-        y = torch.ops.snip.linear_fprop(x2, w, fprop, seed, offset)
+        y = torch.ops.snip.linear_fprop(x2, w, fprop, seed, offset, emulate)
         return y if b is None else y + b.to(y.dtype)
 
     @staticmethod
@@ -70,12 +79,12 @@ class _Linear(torch.autograd.Function):
         dy = dy.contiguous()
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = torch.ops.snip.linear_dgrad(dy, w, dgrad, ctx.seed, offset)
+            dx = torch.ops.snip.linear_dgrad(dy, w, dgrad, ctx.seed, offset, ctx.emulate)
         if ctx.needs_input_grad[1]:
-            dw = torch.ops.snip.linear_wgrad(dy, x2, wgrad, ctx.seed, offset).to(w.dtype)
+            dw = torch.ops.snip.linear_wgrad(dy, x2, wgrad, ctx.seed, offset, ctx.emulate).to(w.dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             db = dy.float().sum(0).to(ctx.bias_dtype)
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
@@ -106,13 +115,21 @@ def linear(
     *,
     seed: int = 0,
     offset: int | torch.Tensor = 0,
+    emulate: bool = False,
 ) -> torch.Tensor:
     """`torch.nn.functional.linear` with low-precision GEMMs.
 
     x: [..., K]; w: [N, K]; b: [N] or None; precision: a `LinearPrecision`, a recipe, a recipe name
     ("fp8", "fp4", ...) or None for BF16 (plain `F.linear`). `(seed, offset)` key stochastic
-    rounding; pass a new offset each step (0-d int64 tensor under torch.compile).
+    rounding; pass a new offset each step (0-d int64 tensor under torch.compile). On a GPU the
+    quantization and GEMM kernels run where they exist (`snip_ops.gemm`); `emulate=True` keeps the
+    emulated GEMMs there too (same quantized operands, FP32 GEMM of their dequantized values).
     """
+    if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        # What F.linear does under autocast: compute in the autocast dtype; the casts are
+        # differentiable, so FP32 master weights receive FP32 gradients.
+        dtype = torch.get_autocast_dtype(x.device.type)
+        x, w, b = (None if t is None else t.to(dtype) for t in (x, w, b))
     _check(x, w, b)
     precision = LinearPrecision.of(precision)
     if precision.is_bf16:
@@ -122,6 +139,7 @@ def linear(
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     y = _Linear.apply(
-        x2, w, b, precision.fprop.key(), precision.dgrad.key(), precision.wgrad.key(), seed, offset.detach().cpu()
+        x2, w, b, precision.fprop.key(), precision.dgrad.key(), precision.wgrad.key(), seed, offset.detach().cpu(),
+        bool(emulate),
     )
     return y.reshape(*lead, w.shape[0])

@@ -30,21 +30,24 @@ PlanLike = PrecisionLike | Mapping[str, PrecisionLike]
 class SnipLinear(nn.Linear):
     """An `nn.Linear` whose three GEMMs run in `self.precision`."""
 
-    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, precision=None, seed=0):
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, precision=None, seed=0,
+                 emulate=False):
         super().__init__(in_features, out_features, bias, device, dtype)
         self.precision = LinearPrecision.of(precision)
         self.seed = int(seed)
+        self.emulate = bool(emulate)  # True: emulated GEMMs even where kernels exist
         # Not a buffer: it must neither enter the state dict nor move to the GPU (it is read on the host).
         self.sr_step = torch.zeros((), dtype=torch.int64)
 
     @classmethod
-    def from_linear(cls, lin: nn.Linear, precision=None, seed: int = 0) -> "SnipLinear":
+    def from_linear(cls, lin: nn.Linear, precision=None, seed: int = 0, emulate: bool = False) -> "SnipLinear":
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = lin.in_features, lin.out_features
         new.weight, new.bias = lin.weight, lin.bias  # shared: no copy, same Parameters
         new.precision = LinearPrecision.of(precision)
         new.seed = int(seed)
+        new.emulate = bool(emulate)
         new.sr_step = torch.zeros((), dtype=torch.int64)
         return new
 
@@ -58,10 +61,10 @@ class SnipLinear(nn.Linear):
         # was seen to read the mutated value (tests/test_compile.py pins the eager semantics).
         offset = self.sr_step + 0
         self.sr_step.add_(1)
-        return linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset)
+        return linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset, emulate=self.emulate)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, precision={self.precision}"
+        return f"{super().extra_repr()}, precision={self.precision}" + (", emulate=True" if self.emulate else "")
 
 
 def _matches(name: str, patterns) -> bool:
@@ -91,6 +94,8 @@ def convert(
     model: nn.Module,
     plan: PlanLike = None,
     filter_fn: Callable[[nn.Module, str], bool] | None = None,
+    *,
+    emulate: bool | None = None,
 ) -> nn.Module:
     """Replace `nn.Linear` submodules by `SnipLinear` in place and return `model` (a new module when
     `model` itself is an `nn.Linear`).
@@ -99,6 +104,8 @@ def convert(
     `filter_fn(module, fqn)` chooses the modules to convert; by default every `nn.Linear` except the
     embedding and the output head (`DEFAULT_EXCLUDE`). Already converted modules get the new plan.
     Parameters are shared, not copied: optimizers built before the call keep working.
+    `emulate=True` makes the converted layers emulate their GEMMs even where kernels exist (None:
+    False for new layers, unchanged for already converted ones).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert expects an nn.Module, got {type(model).__name__}")
@@ -115,10 +122,13 @@ def convert(
         precision = plan_for(name, plan)
         if isinstance(mod, SnipLinear):
             mod.set_precision(precision)
+            if emulate is not None:
+                mod.emulate = bool(emulate)
             continue
+        new = SnipLinear.from_linear(mod, precision, seed=_seed_of(name), emulate=bool(emulate))
         if not name:  # the model itself is a linear layer
-            return SnipLinear.from_linear(mod, precision, seed=_seed_of(name))
+            return new
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, SnipLinear.from_linear(mod, precision, seed=_seed_of(name)))
+        setattr(parent, child, new)
     return model

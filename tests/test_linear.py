@@ -140,3 +140,22 @@ def test_bad_inputs():
     if torch.device("meta") != x.device:
         with pytest.raises(ValueError, match="is on meta"):
             linear(x, w.to("meta"), None, "fp8")
+
+
+def test_kernel_path_only_for_cuda_tensors_with_compiled_kernels():
+    x = torch.randn(4, 8)
+    assert not gemm.uses_kernels(x, recipe("fp8"))
+    assert not gemm.uses_kernels(x, recipe("fp8"), emulate=True)
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8"])
+def test_autocast_computes_in_its_dtype_like_f_linear(name):
+    x, w, b, dy = _data()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = linear(x, w, b, name, seed=1, offset=2)
+        y_ref = F.linear(x, w, b)
+    assert y.dtype == y_ref.dtype == torch.bfloat16
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), dy.to(torch.bfloat16))
+    assert dx.dtype == dw.dtype == db.dtype == torch.float32  # FP32 master weights get FP32 grads
+    cast = [t.detach().to(torch.bfloat16) for t in (x, w, b)]
+    torch.testing.assert_close(y, linear(*cast, name, seed=1, offset=2), rtol=0, atol=0)

@@ -103,3 +103,18 @@ def test_snip_linear_constructor_and_repr():
     assert "precision=mxfp8" in repr(m)
     m.set_precision("bf16")
     assert m(torch.randn(2, 8)).shape == (2, 4)
+
+
+def test_emulate_flag_reaches_every_converted_layer():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    convert(model, "fp8", emulate=True)
+    assert all(m.emulate for m in model) and "emulate=True" in repr(model[0])
+    convert(model, "fp4")  # a new plan keeps the flag ...
+    assert all(m.emulate for m in model)
+    convert(model, "fp4", emulate=False)  # ... unless told otherwise
+    assert not any(m.emulate for m in model)
+    # On the CPU both settings run the emulated GEMMs: identical results.
+    x = torch.randn(5, 8)
+    y0 = model(x)
+    convert(model, "fp4", emulate=True)
+    torch.testing.assert_close(model(x), y0, rtol=0, atol=0)
