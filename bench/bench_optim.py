@@ -176,6 +176,8 @@ def gpu(args) -> None:
     from cuda_timer import CudaTimer
     from snip_ops.optim import AdamW
 
+    if not torch.cuda.is_available():
+        sys.exit("bench_optim gpu: needs a CUDA GPU")
     dev = torch.device("cuda")
     timer = CudaTimer(args.warmup, args.iters)
     # a 1B-parameter set of tensors with Llama-1B-like shapes

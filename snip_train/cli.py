@@ -128,6 +128,40 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------
+# bench
+# ---------------------------------------------------------------------------------------
+BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+BENCHES = ("quant", "gemm", "optim", "planner", "stability")
+
+
+def _add_bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", choices=BENCHES, help="bench/bench_<name>.py")
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="its arguments (see snip bench NAME --help)")
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    import runpy
+
+    script = BENCH_DIR / f"bench_{args.name}.py"
+    if not script.exists():
+        print(f"snip bench: {script} not found (the benchmarks live in the source tree: install it with "
+              "pip install -e .)", file=sys.stderr)
+        return 2
+    argv, path = sys.argv, list(sys.path)
+    sys.argv = [str(script), *args.bench_args]
+    sys.path.insert(0, str(BENCH_DIR))  # as `python bench/bench_<name>.py` has it: its sibling modules
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as e:
+        if isinstance(e.code, str):  # sys.exit("message")
+            print(e.code, file=sys.stderr)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
 # registry
 # ---------------------------------------------------------------------------------------
 def _sweep_command() -> Command:
@@ -139,6 +173,8 @@ def _sweep_command() -> Command:
 COMMANDS: dict[str, Command] = {
     "train": Command("train a small Llama-like model", _add_train_args, _run_train),
     "sweep": _sweep_command(),
+    "bench": Command("run a benchmark of bench/ (quant, gemm and optim gpu need a GPU); results go to "
+                     "bench/results/", _add_bench_args, _run_bench),
 }
 
 

@@ -128,6 +128,12 @@ def test_cli_train(tmp_path, capsys):
     assert text.strip().splitlines()[-1].startswith("done: 5 steps")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_cli_bench_runs_a_benchmark_script(capsys):
+    assert cli.main(["bench", "gemm"]) == 1
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
 def test_cli_parser():
     p = cli.build_parser()
     a = p.parse_args(["train", "--precision", "fp4_mlp", "--device", "cpu", "--max-bytes", "all"])
