@@ -38,14 +38,15 @@ def uses_kernels(t: torch.Tensor, recipe: GemmRecipe, emulate: bool = False) -> 
 
 
 def _qgemm(a: torch.Tensor, a_spec: QuantSpec, a_operand: str, a_t: bool, b: torch.Tensor, b_spec: QuantSpec,
-           b_operand: str, b_t: bool, seed: int, offset: int) -> torch.Tensor:
-    """quantize(a) . quantize(b)^T in float32 on the kernels (`*_t`: quantize the transpose)."""
+           b_operand: str, b_t: bool, seed: int, offset: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """quantize(a) . quantize(b)^T on the kernels (`*_t`: quantize the transpose), FP32 accumulation,
+    written once in `out_dtype`."""
     from .gemm_kernels import qgemm
     from .quantize import quantize
 
     qa = quantize(a, a_spec, seed=seed, offset=operand_offset(offset, a_operand), transpose=a_t)
     qb = quantize(b, b_spec, seed=seed, offset=operand_offset(offset, b_operand), transpose=b_t)
-    return qgemm(qa, qb, out_dtype=torch.float32)
+    return qgemm(qa, qb, out_dtype=out_dtype)
 
 
 def _q(t: torch.Tensor, spec: QuantSpec | None, seed: int, offset: int, operand: str, transpose: bool = False):
@@ -57,23 +58,25 @@ def _q(t: torch.Tensor, spec: QuantSpec | None, seed: int, offset: int, operand:
 
 
 def fprop(x: torch.Tensor, w: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0,
-          emulate: bool = False) -> torch.Tensor:
-    """y = x w^T in float32; x [M, K] (1-D blocks along K), w [N, K]."""
+          emulate: bool = False, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """y = x w^T, accumulated in float32, rounded once to `out_dtype`; x [M, K] (1-D blocks along K), w [N, K]."""
     if recipe.is_bf16:
-        return (x @ w.t()).float()
+        return (x @ w.t()).to(out_dtype)
     if uses_kernels(x, recipe, emulate):
-        return _qgemm(x, recipe.act, "x", False, w, recipe.weight, "w", False, seed, offset)
-    return _q(x, recipe.act, seed, offset, "x") @ _q(w, recipe.weight, seed, offset, "w").t()
+        return _qgemm(x, recipe.act, "x", False, w, recipe.weight, "w", False, seed, offset, out_dtype)
+    return (_q(x, recipe.act, seed, offset, "x") @ _q(w, recipe.weight, seed, offset, "w").t()).to(out_dtype)
 
 
 def dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0,
-          emulate: bool = False) -> torch.Tensor:
-    """dx = dy w in float32; dy [M, N] (blocks along N), w^T quantized with blocks along N."""
+          emulate: bool = False, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """dx = dy w, accumulated in float32, rounded once to `out_dtype`; dy [M, N] (blocks along N),
+    w^T quantized with blocks along N."""
     if recipe.is_bf16:
-        return (dy @ w).float()
+        return (dy @ w).to(out_dtype)
     if uses_kernels(dy, recipe, emulate):
-        return _qgemm(dy, recipe.grad, "dy", False, w, recipe.weight, "wt", True, seed, offset)
-    return _q(dy, recipe.grad, seed, offset, "dy") @ _q(w, recipe.weight, seed, offset, "wt", transpose=True).t()
+        return _qgemm(dy, recipe.grad, "dy", False, w, recipe.weight, "wt", True, seed, offset, out_dtype)
+    dyq, wtq = _q(dy, recipe.grad, seed, offset, "dy"), _q(w, recipe.weight, seed, offset, "wt", transpose=True)
+    return (dyq @ wtq.t()).to(out_dtype)
 
 
 def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0,
@@ -82,5 +85,5 @@ def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: GemmRecipe, seed: int = 0, 
     if recipe.is_bf16:
         return (dy.t() @ x).float()
     if uses_kernels(dy, recipe, emulate):
-        return _qgemm(dy, recipe.grad, "dyt", True, x, recipe.act, "xt", True, seed, offset)
+        return _qgemm(dy, recipe.grad, "dyt", True, x, recipe.act, "xt", True, seed, offset, torch.float32)
     return _q(dy, recipe.grad, seed, offset, "dyt", transpose=True) @ _q(x, recipe.act, seed, offset, "xt", transpose=True).t()

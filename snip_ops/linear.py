@@ -32,7 +32,7 @@ def _no_autocast(t: torch.Tensor):
 @torch.library.custom_op("snip::linear_fprop", mutates_args=())
 def _fprop(x: torch.Tensor, w: torch.Tensor, recipe: str, seed: int, offset: torch.Tensor, emulate: bool) -> torch.Tensor:
     with _no_autocast(x):
-        return gemm.fprop(x, w, _recipe(recipe), seed, int(offset), emulate).to(x.dtype)
+        return gemm.fprop(x, w, _recipe(recipe), seed, int(offset), emulate, out_dtype=x.dtype)
 
 
 @_fprop.register_fake
@@ -43,7 +43,7 @@ def _(x, w, recipe, seed, offset, emulate):
 @torch.library.custom_op("snip::linear_dgrad", mutates_args=())
 def _dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: str, seed: int, offset: torch.Tensor, emulate: bool) -> torch.Tensor:
     with _no_autocast(dy):
-        return gemm.dgrad(dy, w, _recipe(recipe), seed, int(offset), emulate).to(dy.dtype)
+        return gemm.dgrad(dy, w, _recipe(recipe), seed, int(offset), emulate, out_dtype=dy.dtype)
 
 
 @_dgrad.register_fake
