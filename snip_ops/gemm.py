@@ -2,7 +2,7 @@
 
 Emulated (the reference, and the path wherever no kernel exists): each operand is quantized exactly
 as the kernels quantize it (`reference.fake_quantize`, blocks along the GEMM's reduction dimension),
-dequantized to float32 and multiplied in float32.
+dequantized to float32 and multiplied in float32 (on a GPU in float64, never TF32).
 
 Kernels (a CUDA tensor, the extension's quantizer compiled for its GPU, `emulate=False`): the
 operands go through `snip_ops.quantize` (the CUDA quantizer, transposes fused into it, bit-identical
@@ -49,6 +49,12 @@ def _qgemm(a: torch.Tensor, a_spec: QuantSpec, a_operand: str, a_t: bool, b: tor
     return qgemm(qa, qb, out_dtype=out_dtype)
 
 
+def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b of dequantized float32 operands. On a GPU in FP64: a float32 GEMM there may run in TF32
+    (torch.set_float32_matmul_precision), which would drop operand bits."""
+    return (a.double() @ b.double()).float() if a.is_cuda else a @ b
+
+
 def _q(t: torch.Tensor, spec: QuantSpec | None, seed: int, offset: int, operand: str, transpose: bool = False):
     """The float32 operand as the GEMM sees it; `transpose` quantizes t^T (blocks along t's rows)."""
     if spec is None:
@@ -64,7 +70,7 @@ def fprop(x: torch.Tensor, w: torch.Tensor, recipe: GemmRecipe, seed: int = 0, o
         return (x @ w.t()).to(out_dtype)
     if uses_kernels(x, recipe, emulate):
         return _qgemm(x, recipe.act, "x", False, w, recipe.weight, "w", False, seed, offset, out_dtype)
-    return (_q(x, recipe.act, seed, offset, "x") @ _q(w, recipe.weight, seed, offset, "w").t()).to(out_dtype)
+    return _mm(_q(x, recipe.act, seed, offset, "x"), _q(w, recipe.weight, seed, offset, "w").t()).to(out_dtype)
 
 
 def dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0,
@@ -76,7 +82,7 @@ def dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: GemmRecipe, seed: int = 0, 
     if uses_kernels(dy, recipe, emulate):
         return _qgemm(dy, recipe.grad, "dy", False, w, recipe.weight, "wt", True, seed, offset, out_dtype)
     dyq, wtq = _q(dy, recipe.grad, seed, offset, "dy"), _q(w, recipe.weight, seed, offset, "wt", transpose=True)
-    return (dyq @ wtq.t()).to(out_dtype)
+    return _mm(dyq, wtq.t()).to(out_dtype)
 
 
 def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0,
@@ -86,4 +92,4 @@ def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: GemmRecipe, seed: int = 0, 
         return (dy.t() @ x).float()
     if uses_kernels(dy, recipe, emulate):
         return _qgemm(dy, recipe.grad, "dyt", True, x, recipe.act, "xt", True, seed, offset, torch.float32)
-    return _q(dy, recipe.grad, seed, offset, "dyt", transpose=True) @ _q(x, recipe.act, seed, offset, "xt", transpose=True).t()
+    return _mm(_q(dy, recipe.grad, seed, offset, "dyt", transpose=True), _q(x, recipe.act, seed, offset, "xt", transpose=True).t())

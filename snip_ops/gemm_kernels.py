@@ -23,8 +23,8 @@ others were refused (`qgemm(..., path=...)` forces one and raises with that reas
                      (power-of-two or E8M0 scales; nvfp4 with its FP32 tensor scale factored out
                      into an FP32 alpha), dequantize to BF16 and run a BF16 tensor-core GEMM with
                      FP32 accumulation and FP32 output.
-    "fp32"           dequantize to FP32 and multiply in FP32 (TF32 off): the reference numerics
-                     (snip_ops.gemm), on any device.
+    "fp32"           dequantize to FP32 and multiply in FP32 (on a GPU in FP64, so that a global
+                     TF32 setting cannot apply): the reference numerics (snip_ops.gemm), any device.
 
 All paths compute the same mathematical result -- the FP32 GEMM of the dequantized operands -- and
 differ only in summation order (and, for BF16 output, in one final rounding). Nothing is ever
@@ -379,13 +379,11 @@ def _run_bf16(a: QTensor, b: QTensor, out_dtype, bias, out) -> torch.Tensor:
 
 def _run_fp32(a: QTensor, b: QTensor, out_dtype, bias, out) -> torch.Tensor:
     xa, xb = dequantize(a), dequantize(b)
-    if xa.is_cuda and torch.get_float32_matmul_precision() != "highest":
-        prev = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision("highest")  # no TF32: the reference numerics
-        try:
-            y = xa @ xb.t()
-        finally:
-            torch.set_float32_matmul_precision(prev)
+    if xa.is_cuda:
+        # A float32 GEMM on a GPU may run in TF32 (torch.set_float32_matmul_precision), which would
+        # drop operand bits; FP64 never does, so this fallback stays exact without touching that
+        # process-wide setting. Products of dequantized operands are exact in FP64.
+        y = (xa.double() @ xb.double().t()).float()
     else:
         y = xa @ xb.t()
     return _finish(y, b.shape[0], out_dtype, bias, out)
