@@ -213,8 +213,9 @@ def fake_quantize(
     y, _, s_el, _ = _quantize_values(x, spec, seed, offset, transpose, tensor_amax, False)
     if s_el is None:
         return y
-    # An infinite element scale only stands for an underflowed nvfp4 b * t, which dequantizes as 0.
-    return y * torch.where(torch.isinf(s_el), torch.zeros_like(s_el), s_el)
+    if spec.scale == ScaleKind.NVFP4:  # an infinite element scale stands for an underflowed b * t: 0
+        s_el = torch.where(torch.isinf(s_el), torch.zeros_like(s_el), s_el)
+    return y * s_el
 
 
 def dequantize(q: QTensor) -> torch.Tensor:
