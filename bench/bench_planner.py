@@ -39,6 +39,7 @@ from planner.ilp import DEFAULT_LAMBDA  # noqa: E402
 from planner.integration import make_hooks, run_comparison  # noqa: E402
 from planner.stats import LayerStats, PlannerStats  # noqa: E402
 from snip_ops import LinearPrecision, SnipLinear, convert  # noqa: E402
+from snip_ops import gemm as snip_gemm  # noqa: E402
 from snip_ops.formats import GEMMS, Rounding, recipe  # noqa: E402
 from snip_train.data import TokenData  # noqa: E402
 from snip_train.model import Llama, LlamaConfig  # noqa: E402
@@ -161,6 +162,36 @@ def step_time(model, opt, batch, reps: int = 5) -> float:
     return min(times[1:])
 
 
+def measure_time(model, layers, opt, batch, draws: int, reps: int) -> tuple[float, dict]:
+    """The fastest of `reps` planner measurements (like the steps: the machine is shared) and its
+    per-phase breakdown."""
+    runs = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        s = measure(model, layers, opt, batch, lambda m, b: m.loss(b), ("fp8", "fp4"), StatsConfig(),
+                    DivergenceConfig(draws=draws))
+        runs.append((time.perf_counter() - t, s))
+    best, s = min(runs, key=lambda r: r[0])
+    return best, {k: v for k, v in s.diagnostics.items() if k.startswith("time_")}
+
+
+def small_preset_cost() -> dict:
+    """Measurement vs a bf16 step on the 'small' preset (~25M parameters, same batch), 3 AdamW steps in:
+    the overheads that dominate the tiny model's ratio (quantizer calls, hooks) weigh less here."""
+    torch.manual_seed(0)
+    model = convert(Llama(LlamaConfig.preset("small")))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = calibration_batch()
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, SnipLinear)}
+    out = {"bf16_step_s": step_time(model, opt, batch, reps=3)}
+    for draws in (1, 2):
+        best, breakdown = measure_time(model, layers, opt, batch, draws, reps=2)
+        out[f"measure_s_draws{draws}"] = best
+        out[f"measure_breakdown_draws{draws}"] = breakdown
+        out[f"measure_over_bf16_step_draws{draws}"] = best / out["bf16_step_s"]
+    return out
+
+
 def bench_cost(args) -> None:
     stats = synthetic_70b()
     ilp = []
@@ -186,26 +217,21 @@ def bench_cost(args) -> None:
             plan.apply(model)
             timing[f"snip_plan_step_s_{quantizer}_quantizer"] = step_time(model, opt, batch, reps=3)
             for draws in (1, 2):
-                runs = []
-                for _ in range(3):  # the fastest of three, like the steps
-                    t = time.perf_counter()
-                    s = measure(model, layers, opt, batch, lambda m, b: m.loss(b), ("fp8", "fp4"), StatsConfig(),
-                                DivergenceConfig(draws=draws))
-                    runs.append((time.perf_counter() - t, s))
-                best, s = min(runs, key=lambda r: r[0])
+                best, breakdown = measure_time(model, layers, opt, batch, draws, reps=3)
                 timing[f"measure_s_draws{draws}_{quantizer}_quantizer"] = best
-                timing[f"measure_breakdown_draws{draws}_{quantizer}_quantizer"] = {
-                    k: v for k, v in s.diagnostics.items() if k.startswith("time_")}
+                timing[f"measure_breakdown_draws{draws}_{quantizer}_quantizer"] = breakdown
                 timing[f"measure_over_bf16_step_draws{draws}_{quantizer}_quantizer"] = best / timing["bf16_step_s"]
                 timing[f"measure_over_snip_step_draws{draws}_{quantizer}_quantizer"] = \
                     best / timing[f"snip_plan_step_s_{quantizer}_quantizer"]
+    timing["small_preset"] = small_preset_cost()
     md = ["## ILP solve time, 70B-like problem (80 blocks x 7 linears, candidates bf16/fp8/fp4)", "",
           "| granularity | budget | binaries | solve s (3 runs) |", "|---|---|---|---|"]
     for r in ilp:
         md.append(f"| {r['granularity']} | {r['budget']['kind']}={r['budget']['value']} | {r['binary_variables']} | "
                   + ", ".join(f"{t:.2f}" for t in r["solve_s"]) + " |")
     md += ["", "## Measurement vs one training step (tiny model, batch 8 x 128, CPU, 1 thread; fastest of 3-5 "
-           "repeats since the machine is shared)", "", "```",
+           "repeats since the machine is shared; `small_preset`: the 25M-parameter preset at the same batch)",
+           "", "```",
            json.dumps(timing, indent=1), "```"]
     write("cost", {"ilp": ilp, "measurement": timing}, "\n".join(md))
 
@@ -231,22 +257,59 @@ def bootstrap_spearman(a, b, resamples: int = 2000, seed: int = 0) -> list[float
     return [vals[int(0.05 * len(vals))], vals[int(0.95 * len(vals)) - 1]]
 
 
+def first_order_terms(model, layers, names, batches) -> dict[str, list[float]]:
+    """Per layer and batch, g_l . (Q(y_l) - y_l): the first-order part of the loss change when layer l's
+    fprop is rounded to nearest in fp4 (g_l = d loss / d y_l of the bf16 model)."""
+    out = {n: [] for n in names}
+    fp4 = recipe("fp4")
+    for b in batches:
+        xs, ys = {}, {}
+
+        def keep(name):
+            def hook(mod, args, y):
+                xs[name], ys[name] = args[0].detach(), y
+            return hook
+
+        handles = [layers[n].register_forward_hook(keep(n)) for n in names]
+        try:
+            loss = model.loss(b)
+        finally:
+            for h in handles:
+                h.remove()
+        grads = torch.autograd.grad(loss, [ys[n] for n in names])
+        for n, g in zip(names, grads):
+            x2 = xs[n].reshape(-1, xs[n].shape[-1])
+            w = layers[n].weight.detach()
+            delta = snip_gemm.fprop(x2, w, fp4) - x2 @ w.t()
+            out[n].append(float(torch.dot(g.reshape(-1).double(), delta.reshape(-1).double())))
+    return out
+
+
+def split_half(per_unit: dict[str, list[float]], names) -> float:
+    """Spearman between the means of the first and the second half of each layer's readings
+    (batches, SR draws or seeds): how reproducible a truth's ranking is -- the ceiling, roughly, for
+    any metric's correlation with it."""
+    half = len(per_unit[names[0]]) // 2
+    return spearman([statistics.mean(per_unit[n][:half]) for n in names],
+                    [statistics.mean(per_unit[n][half:]) for n in names])
+
+
 def bench_validity(args) -> None:
     ckpt = checkpoint()
+    stats = {d: stats_at(ckpt, d) for d in (1, 2, 8)}  # the planner as it runs: the reference quantizer
+    names = [s.name for s in stats[8].layers]
     with fq.installed():
-        stats = {d: stats_at(ckpt, d) for d in (1, 2, 8)}
-        names = [s.name for s in stats[8].layers]
         # ground truth 1: forward-only loss increase, fprop of one layer in fp4, on 8 validation batches
         model, _, layers = model_at(ckpt)
         data = TokenData.from_path(None, max_bytes=RUN["max_bytes"])
         gen = torch.Generator().manual_seed(0x5EED)
         val = [data.get_batch("val", RUN["batch_size"], RUN["seq_len"], gen) for _ in range(8)]
 
-        def val_loss():
+        def val_losses():
             with torch.no_grad():
-                return sum(float(model.loss(b)) for b in val) / len(val)
-        base = val_loss()
-        fwd, fwd_sr = {}, {}
+                return [float(model.loss(b)) for b in val]
+        base = val_losses()
+        fwd, fwd_sr = {}, {}  # per layer: per-batch (RNE) and per-draw (SR) loss increases
         # (a') the same with the fprop operands stochastically rounded (unbiased noise, fresh bits per
         # forward), averaged over SR_DRAWS passes: the quantity LD estimates, E[L(y + noise)] - L(y),
         # without the first-order term g . delta of one fixed round-to-nearest perturbation.
@@ -255,10 +318,11 @@ def bench_validity(args) -> None:
                                      weight=dataclasses.replace(fp4.weight, rounding=Rounding.SR))
         for n in names:
             layers[n].set_precision(LinearPrecision(fprop="fp4", dgrad="bf16", wgrad="bf16"))
-            fwd[n] = val_loss() - base
+            fwd[n] = [q - b for q, b in zip(val_losses(), base)]
             layers[n].set_precision(LinearPrecision(fprop=fp4_sr, dgrad="bf16", wgrad="bf16"))
-            fwd_sr[n] = statistics.mean(val_loss() for _ in range(SR_DRAWS)) - base
+            fwd_sr[n] = [statistics.mean(val_losses()) - statistics.mean(base) for _ in range(SR_DRAWS)]
             layers[n].set_precision("bf16")
+        first = first_order_terms(model, layers, names, val)
         # ground truth 2: K training steps with one layer (all three GEMMs) in fp4, minus the same in bf16
         # Two readings per run, both paired with a bf16 run on the same batches: the mean training-loss
         # increase over the K steps (the loss the quantized layer trains on, forward error included) and
@@ -282,15 +346,40 @@ def bench_validity(args) -> None:
                     truth[n][k].append(done[key][k])
     trained = [statistics.mean(truth[n]["train"]) for n in names]
     trained_val = [statistics.mean(truth[n]["val"]) for n in names]
+    fwd_mean = {n: statistics.mean(fwd[n]) for n in names}
+    first_mean = {n: statistics.mean(first[n]) for n in names}
+    second = {n: fwd_mean[n] - first_mean[n] for n in names}  # what is left of the RNE truth: second order and up
+    truths = {
+        "forward_only": fwd_mean,
+        "forward_only_minus_first_order": second,
+        "forward_only_sr": {n: statistics.mean(fwd_sr[n]) for n in names},
+        "trained": dict(zip(names, trained)),
+        "final_val": dict(zip(names, trained_val)),
+    }
+    # forward truths: validation batches 0-3 vs 4-7 (SR: draws); trained truths: seeds, first half vs second
+    reliability = {
+        "forward_only": split_half(fwd, names),
+        "forward_only_minus_first_order": split_half({n: [a - b for a, b in zip(fwd[n], first[n])] for n in names},
+                                                     names),
+        "forward_only_sr": split_half(fwd_sr, names),
+        "trained": split_half({n: truth[n]["train"] for n in names}, names),
+        "final_val": split_half({n: truth[n]["val"] for n in names}, names),
+        "first_order_term_alone": split_half(first, names),
+    }
+    rne = {
+        "spearman_forward_only_vs_first_order_term": spearman([fwd_mean[n] for n in names],
+                                                             [first_mean[n] for n in names]),
+        "layers_with_negative_forward_only_truth": sum(fwd_mean[n] < 0 for n in names),
+        "median_abs_first_order_over_abs_remainder": statistics.median(
+            abs(first_mean[n]) / max(abs(second[n]), 1e-12) for n in names),
+    }
     rows, corr = [], {}
     for d, st in stats.items():
         by = st.by_name()
         ld = [by[n].ld("fp4") / st.loss for n in names]
         wd = [by[n].wd("fp4") for n in names]
         corr[f"draws{d}"] = {
-            "spearman_LD_vs_forward_only_truth": spearman(ld, [fwd[n] for n in names]),
-            "spearman_LD_vs_forward_only_sr_truth": spearman(ld, [fwd_sr[n] for n in names]),
-            "spearman_LD_vs_trained_truth": spearman(ld, trained),
+            **{f"spearman_LD_vs_{k}_truth": spearman(ld, [t[n] for n in names]) for k, t in truths.items()},
             "spearman_WD_vs_trained_truth": spearman(wd, trained),
             "spearman_LD+lambda*WD_vs_trained_truth": {str(lam): spearman([a + lam * b for a, b in zip(ld, wd)], trained)
                                                        for lam in LAMBDAS},
@@ -300,23 +389,38 @@ def bench_validity(args) -> None:
                 truth_name: bootstrap_spearman([a + DEFAULT_LAMBDA * b for a, b in zip(ld, wd)], t)
                 for truth_name, t in (("trained", trained), ("final_val", trained_val))},
         }
-        if d == 8:
-            rows = [{"layer": n, "LD/L": a, "WD": b, "forward_only_truth": fwd[n], "forward_only_sr_truth": fwd_sr[n],
-                     "trained_truth": t,
-                     "final_val_truth": v, "per_seed": truth[n]}
-                    for n, a, b, t, v in zip(names, ld, wd, trained, trained_val)]
-    md = [f"Checkpoint: tiny model, {PRE_STEPS} bf16 steps (val loss {ckpt['val_loss']:.4f}). Ground truth: fp4 on one "
-          f"layer at a time; (a) forward-only loss increase on 8 validation batches (fprop in fp4, round to nearest); "
-          f"(a') the same with stochastically rounded fprop operands, mean of {SR_DRAWS} passes with fresh bits; (b) 'trained truth': mean "
-          f"training-loss increase over {args.steps} steps from the checkpoint, paired with bf16 on the same batches, "
-          f"mean over seeds {args.seeds}; (c) final validation-loss increase of the same runs.", "",
-          "```", json.dumps(corr, indent=1), "```", "",
-          "| layer | LD/L | WD | fwd-only truth | fwd-only SR truth | trained truth | final-val truth |",
-          "|---|---|---|---|---|---|---|"]
+        if d == DivergenceConfig().draws:
+            rows = [{"layer": n, "LD/L": a, "WD": b, **{f"{k}_truth": t[n] for k, t in truths.items()},
+                     "first_order_term": first_mean[n], "per_seed": truth[n]}
+                    for n, a, b in zip(names, ld, wd)]
+    default = DivergenceConfig().draws
+    by = stats[default].by_name()
+    objective = [by[n].ld("fp4") / stats[default].loss + DEFAULT_LAMBDA * by[n].wd("fp4") for n in names]
+    summary = {k: spearman(objective, [t[n] for n in names]) for k, t in truths.items()}
+    md = [f"Checkpoint: tiny model, {PRE_STEPS} bf16 steps (val loss {ckpt['val_loss']:.4f}); the planner's statistics "
+          f"with the reference quantizer at its defaults ({default} draws, lambda {DEFAULT_LAMBDA:g}) unless a draws "
+          f"count is named. Ground truths, fp4 on one layer at a time:",
+          "(a) forward-only loss increase on 8 validation batches (fprop in fp4, round to nearest);",
+          "(a-1) (a) minus its first-order term g_l . (Q(y_l) - y_l), computed per batch with the bf16 gradient;",
+          f"(a') forward-only with stochastically rounded fprop operands, mean of {SR_DRAWS} passes with fresh bits "
+          "(the quantity LD estimates: E[L(y + noise)] - L(y));",
+          f"(b) 'trained': mean training-loss increase over {args.steps} steps from the checkpoint (all three GEMMs "
+          f"in fp4), paired with bf16 on the same batches, mean over seeds {args.seeds}; (c) final validation-loss "
+          "increase of the same runs.", "",
+          "| truth | Spearman with LD/L + lambda WD | split-half reliability of the truth |", "|---|---|---|"]
+    md += [f"| {k} | {v:.3f} | {reliability[k]:.3f} |" for k, v in summary.items()]
+    md += ["", "Round-to-nearest truth, decomposed: " + json.dumps(rne), "",
+           "Split-half reliability: Spearman between the truth's means over two halves of its readings (validation "
+           "batches 0-3 vs 4-7; SR draws; seeds), how reproducible its ranking is: " + json.dumps(reliability), "",
+           "```", json.dumps(corr, indent=1), "```", "",
+           "| layer | LD/L | WD | fwd-only | first-order term | fwd-only minus first order | fwd-only SR | trained "
+           "| final val |", "|---|---|---|---|---|---|---|---|---|"]
     md += [f"| {r['layer']} | {r['LD/L']:.3e} | {r['WD']:.3e} | {r['forward_only_truth']:+.5f} | "
-           f"{r['forward_only_sr_truth']:+.6f} | "
-           f"{r['trained_truth']:+.5f} | {r['final_val_truth']:+.5f} |" for r in rows]
+           f"{r['first_order_term']:+.5f} | {r['forward_only_minus_first_order_truth']:+.5f} | "
+           f"{r['forward_only_sr_truth']:+.6f} | {r['trained_truth']:+.5f} | {r['final_val_truth']:+.5f} |"
+           for r in rows]
     write("validity", {"steps": args.steps, "seeds": args.seeds, "checkpoint_val_loss": ckpt["val_loss"],
+                       "summary_at_defaults": summary, "reliability": reliability, "round_to_nearest": rne,
                        "correlations": corr, "layers": rows,
                        "stats": {str(d): s.to_json() for d, s in stats.items()}}, "\n".join(md))
 

@@ -122,14 +122,14 @@ def loss_curvature(model, layers: Mapping[str, nn.Linear], batch, loss_fn: LossF
                 def hook(mod, args, out):
                     if name not in zs:
                         zs[name] = _noise(out, config.seed, d, i)
-                    noisy[name] = out + (sign * sigma * rms[name] * zs[name]).to(out.dtype)
+                    noisy[name] = torch.add(out, zs[name].to(out.dtype), alpha=sign * sigma * rms[name])
                     return noisy[name]
                 return hook
 
             loss = _run(model, batch, loss_fn, seed, [(layers[n], "forward", add(n, i)) for i, n in enumerate(names)])
             grads = torch.autograd.grad(loss, [noisy[n] for n in names], allow_unused=True)
             for n, g in zip(names, grads):
-                dots[n, sign] = float((zs[n] * g.float()).sum()) if g is not None else 0.0
+                dots[n, sign] = float(torch.dot(zs[n].flatten(), g.float().flatten())) if g is not None else 0.0
             losses.append(float(loss.detach()))
         for n in names:
             h[n] += rms[n] * (dots[n, 1.0] - dots[n, -1.0]) / (4 * sigma) / config.draws

@@ -1,7 +1,7 @@
 """Quantization error per layer, per GEMM, per candidate precision (DESIGN.md §4.2).
 
 On the recorded operands (x and dy row samples, the full weight) each GEMM is run once exactly
-(float32) and once through `snip_ops.gemm` under the candidate recipe; the error is relative and
+(float32, never TF32) and once as `snip_ops.gemm` runs it under the candidate recipe; the error is relative and
 squared:
 
     e_fwd   = ||Q(x) Q(w)^T  - x w^T ||^2 / ||x w^T ||^2
@@ -28,28 +28,47 @@ __all__ = ["relative_error", "gemm_errors"]
 
 
 def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
-    """||approx - exact||^2 / ||exact||^2 (0 when both are zero; inf when only exact is)."""
-    num = float((approx.double() - exact.double()).pow(2).sum())
+    """||approx - exact||^2 / ||exact||^2 (0 when both are zero; inf when only exact is), summed in float64."""
+    num = float((approx - exact).double().pow(2).sum())
     den = float(exact.double().pow(2).sum())
     if den == 0.0:
         return 0.0 if num == 0.0 else float("inf")
     return num / den
 
 
+def _emulated_gemms(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, r, seed: int) -> dict[str, torch.Tensor]:
+    """The emulated fprop / dgrad / wgrad of `snip_ops.gemm` (same specs, Philox streams and transposes),
+    except that Q(w^T) is taken as Q(w)^T where that is exact (`gemm.transpose_shares_quantization`:
+    the 128x128 weight blocks), which saves one weight quantization."""
+    def q(t, spec, operand, transpose=False):
+        return gemm.emulated_operand(t, spec, seed, 0, operand, transpose)
+
+    wq = q(w, r.weight, "w")
+    wtq = wq.t() if gemm.transpose_shares_quantization(r.weight) else q(w, r.weight, "wt", transpose=True)
+    mm = gemm.fp32_mm
+    return {
+        "fprop": mm(q(x, r.act, "x"), wq.t()),
+        "dgrad": mm(q(dy, r.grad, "dy"), wtq.t()),
+        "wgrad": mm(q(dy, r.grad, "dyt", transpose=True), q(x, r.act, "xt", transpose=True).t()),
+    }
+
+
 def gemm_errors(rec: LayerRecording, candidates: Iterable[str], seed: int = 0) -> dict[str, dict[str, float]]:
-    """{precision: {"fprop": e_fwd, "dgrad": e_dgrad, "wgrad": e_wgrad}} for one recorded layer."""
+    """{precision: {"fprop": e_fwd, "dgrad": e_dgrad, "wgrad": e_wgrad}} for one recorded layer, from the
+    GEMM kernels where `snip_ops.gemm` would run them, else from the emulated GEMMs."""
     x, dy, w = rec.x, rec.dy, rec.weight.float()
-    exact = {"fprop": x @ w.t(), "dgrad": dy @ w, "wgrad": dy.t() @ x}
+    mm = gemm.fp32_mm
+    exact = {"fprop": mm(x, w.t()), "dgrad": mm(dy, w), "wgrad": mm(dy.t(), x)}
     out = {}
     for name in candidates:
         r = recipe(name)
         if r.is_bf16:
             out[name] = {g: 0.0 for g in GEMMS}
             continue
-        approx = {
-            "fprop": gemm.fprop(x, w, r, seed=seed, offset=0),
-            "dgrad": gemm.dgrad(dy, w, r, seed=seed, offset=0),
-            "wgrad": gemm.wgrad(dy, x, r, seed=seed, offset=0),
-        }
+        if gemm.uses_kernels(x, r):
+            approx = {"fprop": gemm.fprop(x, w, r, seed=seed), "dgrad": gemm.dgrad(dy, w, r, seed=seed),
+                      "wgrad": gemm.wgrad(dy, x, r, seed=seed)}
+        else:
+            approx = _emulated_gemms(x, dy, w, r, seed)
         out[name] = {g: relative_error(approx[g], exact[g]) for g in GEMMS}
     return out

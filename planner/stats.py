@@ -41,7 +41,7 @@ LossFn = Callable[[nn.Module, object], torch.Tensor]
 
 @dataclass(frozen=True)
 class StatsConfig:
-    max_rows: int = 256                    # token rows sampled per layer (a multiple of 128 fills wgrad blocks)
+    max_rows: int = 128                    # token rows sampled per layer (128: one full wgrad block)
     memory_cap_bytes: int = 256 * 2**20    # cap on all recorded operand samples together (float32)
     seed: int = 0                          # row sampling and the RNG of every measurement pass
 

