@@ -18,13 +18,7 @@ CONFIG = LlamaConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=12
 FAST = dict(stats=StatsConfig(max_rows=64), divergence=DivergenceConfig(draws=1))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster, and avoids oversubscribing a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def setup(seed=0, **overrides):

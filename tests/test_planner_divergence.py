@@ -18,13 +18,7 @@ CONFIG = LlamaConfig(dim=128, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=12
 CANDIDATES = ("bf16", "fp8", "fp4")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster, and avoids oversubscribing a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def loss_fn(model, batch):
