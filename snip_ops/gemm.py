@@ -8,7 +8,10 @@ Kernels (a CUDA tensor, the extension's quantizer compiled for its GPU, `emulate
 operands go through `snip_ops.quantize` (the CUDA quantizer, transposes fused into it, bit-identical
 to the reference) and `gemm_kernels.qgemm`, which runs the fastest exact GEMM of the dequantized
 operands (CUTLASS FP8/FP4 on Hopper and Blackwell, else a BF16 or FP32 GEMM): the same numbers up to
-the GEMM's summation order. This path has not been run on a GPU yet (tests/test_linear_kernels_gpu.py).
+the GEMM's summation order. This path has not been run on a GPU yet.
+
+One GEMM at a time, each operand quantized for it (the planner's error estimates use these);
+`snip_ops.linear` organises the quantization across its three GEMMs itself (linear.py).
 
 Stochastic rounding: the call's `(seed, offset)` gives each operand its own Philox stream,
 `offset * 8 + operand id` with the ids below, so that no two operands of a step share random bits.

@@ -1,9 +1,25 @@
-"""`snip_ops.linear`: y = x w^T + b with each of its three GEMMs in its own precision.
+"""`snip_ops.linear`: y = x w^T + b with each of its three GEMMs in its own precision (DESIGN.md §3).
 
-The GEMMs are `torch.library` custom ops (`snip::linear_fprop`, `snip::linear_dgrad`,
-`snip::linear_wgrad`) with fake implementations, so `torch.compile(fullgraph=True)` traces through
-them; a thin `autograd.Function` ties them together. A recipe crosses the op boundary as its string
-key, the SR offset as a 0-d int64 tensor (so a new offset each step does not recompile).
+Two `torch.library` custom ops with fake implementations (so `torch.compile(fullgraph=True)` traces
+through them) under a thin `autograd.Function`:
+
+* `snip::linear_fwd(x, w)` quantizes each operand once for all its uses and runs fprop. Besides y
+  it returns the operands backward needs in quantized form: x^T (wgrad) and w^T (dgrad). On the
+  kernels x's row-wise and column-wise codes come from one pass (`quantize_rowcol`) when fprop and
+  wgrad quantize it alike, and backward keeps those FP8/FP4 codes instead of the activations.
+  With square (128x128) blocks and round-to-nearest, w^T is w's quantization transposed: the
+  weight is quantized once per step.
+* `snip::linear_bwd(dy, ...)` quantizes dy once for dgrad (row-wise) and wgrad (column-wise), fused
+  in the same way, and runs both GEMMs.
+
+Kernel mode (a CUDA tensor, the quantizer compiled for its GPU, `emulate=False`): `snip_ops.quantize`
+and `gemm_kernels.qgemm`; operands cross the op boundary as `qparts`. Emulated mode (elsewhere, or
+`emulate=True`): `reference.fake_quantize` gives the dequantized values directly (no codes to build),
+multiplied with FP32 accumulation; those float32 values are what backward keeps. Both modes see the
+same quantized values. A GEMM whose recipe is bf16 runs on the unquantized operands in their dtype
+(autograd then keeps those). A recipe crosses the op boundary as its string key, the SR offset as a
+0-d int64 tensor (so a new offset each step does not recompile); operand `o` of a call draws its SR
+bits at offset `gemm.operand_offset(offset, o)`.
 """
 
 from __future__ import annotations
@@ -12,8 +28,13 @@ import functools
 
 import torch
 
-from . import gemm
-from .formats import GemmRecipe, LinearPrecision
+from . import _ext, reference
+from .formats import GemmRecipe, LinearPrecision, QuantSpec
+from .gemm import fp32_mm, operand_offset, transpose_shares_quantization
+from .gemm_kernels import qgemm
+from .qparts import from_parts, meta_parts, num_parts, to_parts
+from .quantize import quantize, quantize_rowcol
+from .reference import QTensor
 
 __all__ = ["linear"]
 
@@ -24,67 +45,161 @@ def _recipe(key: str) -> GemmRecipe:
 
 
 def _no_autocast(t: torch.Tensor):
-    """The GEMMs define their own numerics (FP32 GEMMs of dequantized operands): an enclosing
-    autocast region must not turn those into BF16 matmuls."""
+    """The GEMMs define their own numerics (FP32 accumulation of dequantized operands): an
+    enclosing autocast region must not turn those into BF16 matmuls."""
     return torch.autocast(t.device.type, enabled=False)
 
 
-@torch.library.custom_op("snip::linear_fprop", mutates_args=())
-def _fprop(x: torch.Tensor, w: torch.Tensor, recipe: str, seed: int, offset: torch.Tensor, emulate: bool) -> torch.Tensor:
+# An operand as a GEMM consumes it: a QTensor (kernel mode: CUDA quantizer codes + scales), or float32
+# values (emulated mode: the dequantized values `reference.fake_quantize` gives, with no codes to
+# build; or the unquantized operand where its spec is None).
+Operand = QTensor | torch.Tensor
+
+
+def _kernel_mode(t: torch.Tensor, emulate: bool) -> bool:
+    return not emulate and t.is_cuda and _ext.kernel_available("quantize", t.device)
+
+
+def _quantize(t, spec, seed, offset, operand, transpose, kernels) -> Operand:
+    if spec is None:
+        return (t.t() if transpose else t).float()
+    off = operand_offset(offset, operand)
+    if kernels:
+        return quantize(t, spec, seed=seed, offset=off, transpose=transpose)
+    return reference.fake_quantize(t, spec, seed=seed, offset=off, transpose=transpose)
+
+
+def _quantize_both(t: torch.Tensor, row: QuantSpec | None, col: QuantSpec | None, need_row: bool, need_col: bool,
+                   seed: int, offset: int, row_operand: str, col_operand: str, kernels: bool):
+    """(t as its row-wise operand, t^T as its column-wise operand); None where not needed. On the
+    kernels both come from one pass over t where their specs agree."""
+    if kernels and need_row and need_col and row is not None and row == col:
+        return quantize_rowcol(t, row, seed=seed, offset=operand_offset(offset, row_operand),
+                               offset_t=operand_offset(offset, col_operand))
+    return (_quantize(t, row, seed, offset, row_operand, False, kernels) if need_row else None,
+            _quantize(t, col, seed, offset, col_operand, True, kernels) if need_col else None)
+
+
+def _transpose(q: Operand) -> Operand:
+    return q.t() if isinstance(q, QTensor) else q.t()
+
+
+def _gemm(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
+    """a . b^T with FP32 accumulation, rounded once to `out_dtype`."""
+    if isinstance(a, QTensor) and isinstance(b, QTensor):
+        return qgemm(a, b, out_dtype=out_dtype)
+    av = a.dequantize() if isinstance(a, QTensor) else a
+    bv = b.dequantize() if isinstance(b, QTensor) else b
+    return fp32_mm(av, bv.t()).to(out_dtype)
+
+
+def _n_saved(spec: QuantSpec | None, kernels: bool) -> int:
+    """How many tensors carry a saved operand: QTensor parts on the kernels, else float32 values."""
+    return num_parts(spec) if kernels and spec is not None else 1
+
+
+def _saved(q: Operand) -> list[torch.Tensor]:
+    return to_parts(q) if isinstance(q, QTensor) else [q.contiguous()]
+
+
+def _saved_meta(spec: QuantSpec | None, shape: tuple[int, int], kernels: bool, like: torch.Tensor) -> list[torch.Tensor]:
+    if kernels and spec is not None:
+        return meta_parts(spec, shape, like)
+    return [like.new_empty(*shape, dtype=torch.float32)]
+
+
+def _restored(parts: list[torch.Tensor], spec: QuantSpec | None, shape: tuple[int, int], kernels: bool) -> Operand:
+    return from_parts(parts, spec, shape) if kernels and spec is not None else parts[0]
+
+
+@torch.library.custom_op("snip::linear_fwd", mutates_args=())
+def _fwd(x: torch.Tensor, w: torch.Tensor, fprop: str, dgrad: str, wgrad: str, seed: int, offset: torch.Tensor,
+         emulate: bool, need_dx: bool, need_dw: bool) -> list[torch.Tensor]:
+    """[y, *x^T (for wgrad), *w^T (for dgrad)]: each saved operand only where backward needs its
+    quantized form (not for a bf16-recipe GEMM, which uses the unquantized tensor), as `_n_saved`
+    tensors. No placeholders: zero-size tensors confuse the compiler's handling of saved tensors."""
+    fr, dr, wr = _recipe(fprop), _recipe(dgrad), _recipe(wgrad)
+    off, kernels = int(offset), _kernel_mode(x, emulate)
+    keep_xt = need_dw and not wr.is_bf16
+    keep_wt = need_dx and not dr.is_bf16
     with _no_autocast(x):
-        return gemm.fprop(x, w, _recipe(recipe), seed, int(offset), emulate, out_dtype=x.dtype)
+        xq, xtq = _quantize_both(x, fr.act, wr.act, not fr.is_bf16, keep_xt, seed, off, "x", "xt", kernels)
+        w_spec, wt_spec = fr.weight, dr.weight
+        if not fr.is_bf16 and keep_wt and w_spec is not None and w_spec == wt_spec and transpose_shares_quantization(w_spec):
+            wq = _quantize(w, w_spec, seed, off, "w", False, kernels)
+            wtq = _transpose(wq)  # the weight quantized once for both of its GEMMs
+        else:
+            wq, wtq = _quantize_both(w, w_spec, wt_spec, not fr.is_bf16, keep_wt, seed, off, "w", "wt", kernels)
+        y = (x @ w.t()).to(x.dtype) if fr.is_bf16 else _gemm(xq, wq, x.dtype)
+    return [y, *(_saved(xtq) if keep_xt else []), *(_saved(wtq) if keep_wt else [])]
 
 
-@_fprop.register_fake
-def _(x, w, recipe, seed, offset, emulate):
-    return x.new_empty(x.shape[0], w.shape[0])
+@_fwd.register_fake
+def _(x, w, fprop, dgrad, wgrad, seed, offset, emulate, need_dx, need_dw):
+    dr, wr = _recipe(dgrad), _recipe(wgrad)
+    (m, k), n = x.shape, w.shape[0]
+    kernels = _kernel_mode(x, emulate)
+    xt = _saved_meta(wr.act, (k, m), kernels, x) if need_dw and not wr.is_bf16 else []
+    wt = _saved_meta(dr.weight, (k, n), kernels, x) if need_dx and not dr.is_bf16 else []
+    return [x.new_empty(m, n), *xt, *wt]
 
 
-@torch.library.custom_op("snip::linear_dgrad", mutates_args=())
-def _dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: str, seed: int, offset: torch.Tensor, emulate: bool) -> torch.Tensor:
+@torch.library.custom_op("snip::linear_bwd", mutates_args=())
+def _bwd(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: torch.Tensor | None,
+         wt: list[torch.Tensor], in_features: int, dgrad: str, wgrad: str, seed: int, offset: torch.Tensor,
+         emulate: bool, need_dx: bool, need_dw: bool) -> list[torch.Tensor]:
+    """[dx [M, K] in dy's dtype if need_dx] + [dw [N, K] float32 if need_dw]. `x` / `w`: the
+    unquantized operands of a bf16-recipe wgrad / dgrad (else None); `xt` / `wt`: the operands
+    the forward op saved (else empty lists)."""
+    dr, wr = _recipe(dgrad), _recipe(wgrad)
+    off, kernels = int(offset), _kernel_mode(dy, emulate)
+    m, n = dy.shape
+    out = []
     with _no_autocast(dy):
-        return gemm.dgrad(dy, w, _recipe(recipe), seed, int(offset), emulate, out_dtype=dy.dtype)
+        dyq, dytq = _quantize_both(dy, dr.grad, wr.grad, need_dx and not dr.is_bf16, need_dw and not wr.is_bf16,
+                                   seed, off, "dy", "dyt", kernels)
+        if need_dx:
+            out.append((dy @ w).to(dy.dtype) if dr.is_bf16
+                       else _gemm(dyq, _restored(wt, dr.weight, (in_features, n), kernels), dy.dtype))
+        if need_dw:
+            out.append((dy.t() @ x).float() if wr.is_bf16
+                       else _gemm(dytq, _restored(xt, wr.act, (in_features, m), kernels), torch.float32))
+    return out
 
 
-@_dgrad.register_fake
-def _(dy, w, recipe, seed, offset, emulate):
-    return dy.new_empty(dy.shape[0], w.shape[1])
-
-
-@torch.library.custom_op("snip::linear_wgrad", mutates_args=())
-def _wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: str, seed: int, offset: torch.Tensor, emulate: bool) -> torch.Tensor:
-    with _no_autocast(dy):
-        return gemm.wgrad(dy, x, _recipe(recipe), seed, int(offset), emulate)
-
-
-@_wgrad.register_fake
-def _(dy, x, recipe, seed, offset, emulate):
-    return dy.new_empty(dy.shape[1], x.shape[1], dtype=torch.float32)
+@_bwd.register_fake
+def _(dy, x, xt, w, wt, in_features, dgrad, wgrad, seed, offset, emulate, need_dx, need_dw):
+    m, n = dy.shape
+    return ([dy.new_empty(m, in_features)] if need_dx else []) + (
+        [dy.new_empty(n, in_features, dtype=torch.float32)] if need_dw else [])
 
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, w, b, fprop, dgrad, wgrad, seed, offset, emulate):
-        ctx.save_for_backward(x2, w, offset)
-        ctx.recipes = (dgrad, wgrad)
-        ctx.seed, ctx.emulate = seed, emulate
+    def forward(ctx, x2, w, b, fprop, dgrad, wgrad, seed, offset, emulate, dgrad_bf16, wgrad_bf16, n_xt):
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        y, *saved = torch.ops.snip.linear_fwd(x2, w, fprop, dgrad, wgrad, seed, offset, emulate, need_dx, need_dw)
+        # The unquantized operands are kept only for a bf16-recipe GEMM that needs them.
+        x_keep = x2 if need_dw and wgrad_bf16 else None
+        w_keep = w if need_dx and dgrad_bf16 else None
+        ctx.save_for_backward(x_keep, w_keep, offset, *saved)
+        ctx.args = (w.shape[1], w.dtype, dgrad, wgrad, seed, emulate, need_dx, need_dw,
+                    n_xt if need_dw and not wgrad_bf16 else 0)
         ctx.bias_dtype = None if b is None else b.dtype
-        y = torch.ops.snip.linear_fprop(x2, w, fprop, seed, offset, emulate)
         return y if b is None else y + b.to(y.dtype)
 
     @staticmethod
     def backward(ctx, dy):
-        x2, w, offset = ctx.saved_tensors
-        dgrad, wgrad = ctx.recipes
-        dy = dy.contiguous()
-        dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            dx = torch.ops.snip.linear_dgrad(dy, w, dgrad, ctx.seed, offset, ctx.emulate)
-        if ctx.needs_input_grad[1]:
-            dw = torch.ops.snip.linear_wgrad(dy, x2, wgrad, ctx.seed, offset, ctx.emulate).to(w.dtype)
+        x_keep, w_keep, offset, *saved = ctx.saved_tensors
+        in_features, w_dtype, dgrad, wgrad, seed, emulate, need_dx, need_dw, n_xt = ctx.args
+        grads = torch.ops.snip.linear_bwd(dy.contiguous(), x_keep, saved[:n_xt], w_keep, saved[n_xt:], in_features,
+                                          dgrad, wgrad, seed, offset, emulate, need_dx, need_dw)
+        dx = grads[0] if need_dx else None
+        dw = grads[-1].to(w_dtype) if need_dw else None
+        db = None
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             db = dy.float().sum(0).to(ctx.bias_dtype)
-        return dx, dw, db, None, None, None, None, None, None
+        return dx, dw, db, *([None] * 9)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
@@ -122,8 +237,9 @@ def linear(
     x: [..., K]; w: [N, K]; b: [N] or None; precision: a `LinearPrecision`, a recipe, a recipe name
     ("fp8", "fp4", ...) or None for BF16 (plain `F.linear`). `(seed, offset)` key stochastic
     rounding; pass a new offset each step (0-d int64 tensor under torch.compile). On a GPU the
-    quantization and GEMM kernels run where they exist (`snip_ops.gemm`); `emulate=True` keeps the
-    emulated GEMMs there too (same quantized operands, FP32 GEMM of their dequantized values).
+    quantization and GEMM kernels run where they exist; `emulate=True` keeps the reference
+    quantizer and the FP32 GEMM of the dequantized operands there too (the same quantized values).
+    Under `torch.autocast` the layer computes in the autocast dtype, like `F.linear`.
     """
     if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
         # What F.linear does under autocast: compute in the autocast dtype; the casts are
@@ -140,6 +256,7 @@ def linear(
     x2 = x.reshape(-1, x.shape[-1])
     y = _Linear.apply(
         x2, w, b, precision.fprop.key(), precision.dgrad.key(), precision.wgrad.key(), seed, offset.detach().cpu(),
-        bool(emulate),
+        bool(emulate), precision.dgrad.is_bf16, precision.wgrad.is_bf16,
+        _n_saved(precision.wgrad.act, _kernel_mode(x2, emulate)),
     )
     return y.reshape(*lead, w.shape[0])

@@ -159,3 +159,53 @@ def test_autocast_computes_in_its_dtype_like_f_linear(name):
     assert dx.dtype == dw.dtype == db.dtype == torch.float32  # FP32 master weights get FP32 grads
     cast = [t.detach().to(torch.bfloat16) for t in (x, w, b)]
     torch.testing.assert_close(y, linear(*cast, name, seed=1, offset=2), rtol=0, atol=0)
+
+
+MIXED = {
+    "fp8": LinearPrecision(fprop="fp8", dgrad="fp8", wgrad="fp8"),
+    "fp4": LinearPrecision(fprop="fp4", dgrad="fp4", wgrad="fp4"),
+    "nvfp4": LinearPrecision(fprop="nvfp4", dgrad="nvfp4", wgrad="nvfp4"),
+    "mxfp4_mxfp8": LinearPrecision(fprop="mxfp4", dgrad="mxfp8", wgrad="mxfp4"),
+    "bf16_dgrad": LinearPrecision(fprop="fp8", dgrad="bf16", wgrad="fp4"),
+    "bf16_wgrad_fprop": LinearPrecision(fprop="bf16", dgrad="fp8", wgrad="bf16"),
+}
+
+
+@pytest.mark.parametrize("name", list(MIXED))
+def test_custom_ops_pass_opcheck(name):
+    """Fake implementations (shapes, strides, dtypes of the saved operands) match the ops."""
+    p = MIXED[name]
+    x, w, dy = torch.randn(37, 300), torch.randn(190, 300), torch.randn(37, 190)
+    off = torch.tensor(5, dtype=torch.int64)
+    keys = (p.fprop.key(), p.dgrad.key(), p.wgrad.key())
+    for need_dx, need_dw in ((True, True), (False, True), (True, False)):
+        fwd_args = (x, w, *keys, 3, off, False, need_dx, need_dw)
+        torch.library.opcheck(torch.ops.snip.linear_fwd.default, fwd_args, test_utils=("test_faketensor",))
+        _, *saved = torch.ops.snip.linear_fwd(*fwd_args)
+        n_xt = 1 if need_dw and not p.wgrad.is_bf16 else 0  # emulated: one float32 tensor per operand
+        x_keep = x if need_dw and p.wgrad.is_bf16 else None
+        w_keep = w if need_dx and p.dgrad.is_bf16 else None
+        bwd_args = (dy, x_keep, saved[:n_xt], w_keep, saved[n_xt:], 300, keys[1], keys[2], 3, off, False, need_dx,
+                    need_dw)
+        torch.library.opcheck(torch.ops.snip.linear_bwd.default, bwd_args, test_utils=("test_faketensor",))
+
+
+def test_weight_is_quantized_once_per_step(monkeypatch):
+    """fp8 (128x128 weight blocks, round to nearest): w^T for dgrad reuses w's quantization; x and dy
+    are quantized once per use (their transposes fused into the quantization)."""
+    import importlib
+
+    lin = importlib.import_module("snip_ops.linear")  # the module, not the function it exports
+    calls = []
+    real = lin.reference.fake_quantize
+
+    def counting(t, spec, **kw):
+        calls.append((tuple(t.shape), kw.get("transpose", False)))
+        return real(t, spec, **kw)
+
+    monkeypatch.setattr(lin.reference, "fake_quantize", counting)
+    x = torch.randn(64, 256, requires_grad=True)
+    w = torch.randn(128, 256, requires_grad=True)
+    linear(x, w, None, "fp8").sum().backward()
+    assert sorted(calls) == sorted([((64, 256), False), ((64, 256), True), ((128, 256), False),
+                                    ((64, 128), False), ((64, 128), True)])

@@ -56,3 +56,25 @@ def test_small_model_trains_in_fp8_on_the_kernels_like_bf16():
     assert not fp8["diverged"]
     assert fp8["final_val_loss"] < bf16["initial_val_loss"] - 1.0
     assert abs(fp8["final_val_loss"] - bf16["final_val_loss"]) < 0.1
+
+
+def test_each_operand_is_quantized_once_and_backward_keeps_codes(monkeypatch):
+    """fp8: x and dy each in one fused row+column pass, the weight once for fprop and dgrad; backward
+    keeps FP8 codes of x^T, not the activations."""
+    import importlib
+
+    lin = importlib.import_module("snip_ops.linear")
+    calls = []
+    for fn in ("quantize", "quantize_rowcol"):
+        real = getattr(lin, fn)
+        monkeypatch.setattr(lin, fn, lambda *a, _real=real, _fn=fn, **k: calls.append((_fn, tuple(a[0].shape)))
+                            or _real(*a, **k))
+    x = torch.randn(64, 256, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(128, 256, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = linear(x, w, None, "fp8")
+    y.float().sum().backward()
+    assert sorted(calls) == [("quantize", (128, 256)), ("quantize_rowcol", (64, 128)), ("quantize_rowcol", (64, 256))]
+    assert not any(t.dtype == torch.bfloat16 and t.numel() >= x.numel() for t in saved)
+    assert any(t.dtype == torch.float8_e4m3fn and t.shape == (256, 64) for t in saved)
