@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "gemm/device_info.h"
 #include "gemm/gemm_args.h"
 #include "gemm/sm90/fp8_gemm_heuristic.h"
 #include "ops.h"
@@ -28,18 +29,8 @@ extern const Fp8BlockwiseVariant kFp8Variant_b1_f32_128x128;
 namespace snip {
 namespace {
 
-// Device facts without ATen/cuda/CUDAContext.h (which drags in cuSPARSE/cuBLAS headers).
-struct DeviceInfo {
-  int major = 0, minor = 0, sms = 0;
-};
-DeviceInfo device_info(int device) {
-  DeviceInfo d;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device));
-  return d;
-}
-
+using gemm::DeviceInfo;
+using gemm::device_info;
 using gemm::Fp8BlockwiseArgs;
 using gemm::Fp8BlockwiseVariant;
 using gemm::OutDType;
