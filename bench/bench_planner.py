@@ -373,6 +373,7 @@ def bench_validity(args) -> None:
         "median_abs_first_order_over_abs_remainder": statistics.median(
             abs(first_mean[n]) / max(abs(second[n]), 1e-12) for n in names),
     }
+    default = DivergenceConfig().draws
     rows, corr = [], {}
     for d, st in stats.items():
         by = st.by_name()
@@ -389,11 +390,10 @@ def bench_validity(args) -> None:
                 truth_name: bootstrap_spearman([a + DEFAULT_LAMBDA * b for a, b in zip(ld, wd)], t)
                 for truth_name, t in (("trained", trained), ("final_val", trained_val))},
         }
-        if d == DivergenceConfig().draws:
+        if d == default:
             rows = [{"layer": n, "LD/L": a, "WD": b, **{f"{k}_truth": t[n] for k, t in truths.items()},
                      "first_order_term": first_mean[n], "per_seed": truth[n]}
                     for n, a, b in zip(names, ld, wd)]
-    default = DivergenceConfig().draws
     by = stats[default].by_name()
     objective = [by[n].ld("fp4") / stats[default].loss + DEFAULT_LAMBDA * by[n].wd("fp4") for n in names]
     summary = {k: spearman(objective, [t[n] for n in names]) for k, t in truths.items()}

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from . import _ext
+from . import _ext, reference
 from .formats import GemmRecipe, QuantSpec, Rounding
-from .reference import fake_quantize
 
 __all__ = ["fprop", "dgrad", "wgrad", "uses_kernels", "emulated_operand", "transpose_shares_quantization",
            "fp32_mm", "OPERAND_IDS", "operand_offset"]
@@ -66,7 +65,7 @@ def emulated_operand(t: torch.Tensor, spec: QuantSpec | None, seed: int, offset:
     if spec is None:
         t = t.t() if transpose else t
         return t.float()
-    return fake_quantize(t, spec, seed=seed, offset=operand_offset(offset, operand), transpose=transpose)
+    return reference.fake_quantize(t, spec, seed=seed, offset=operand_offset(offset, operand), transpose=transpose)
 
 
 def transpose_shares_quantization(spec: QuantSpec | None) -> bool:

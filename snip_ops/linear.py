@@ -28,9 +28,9 @@ import functools
 
 import torch
 
-from . import _ext, reference
+from . import _ext
 from .formats import GemmRecipe, LinearPrecision, QuantSpec
-from .gemm import fp32_mm, operand_offset, transpose_shares_quantization
+from .gemm import emulated_operand, fp32_mm, operand_offset, transpose_shares_quantization
 from .gemm_kernels import qgemm
 from .qparts import from_parts, meta_parts, num_parts, to_parts
 from .quantize import quantize, quantize_rowcol
@@ -61,12 +61,9 @@ def _kernel_mode(t: torch.Tensor, emulate: bool) -> bool:
 
 
 def _quantize(t, spec, seed, offset, operand, transpose, kernels) -> Operand:
-    if spec is None:
-        return (t.t() if transpose else t).float()
-    off = operand_offset(offset, operand)
-    if kernels:
-        return quantize(t, spec, seed=seed, offset=off, transpose=transpose)
-    return reference.fake_quantize(t, spec, seed=seed, offset=off, transpose=transpose)
+    if kernels and spec is not None:
+        return quantize(t, spec, seed=seed, offset=operand_offset(offset, operand), transpose=transpose)
+    return emulated_operand(t, spec, seed, offset, operand, transpose)
 
 
 def _quantize_both(t: torch.Tensor, row: QuantSpec | None, col: QuantSpec | None, need_row: bool, need_col: bool,
@@ -78,10 +75,6 @@ def _quantize_both(t: torch.Tensor, row: QuantSpec | None, col: QuantSpec | None
                                offset_t=operand_offset(offset, col_operand))
     return (_quantize(t, row, seed, offset, row_operand, False, kernels) if need_row else None,
             _quantize(t, col, seed, offset, col_operand, True, kernels) if need_col else None)
-
-
-def _transpose(q: Operand) -> Operand:
-    return q.t() if isinstance(q, QTensor) else q.t()
 
 
 def _gemm(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
@@ -125,9 +118,10 @@ def _fwd(x: torch.Tensor, w: torch.Tensor, fprop: str, dgrad: str, wgrad: str, s
     with _no_autocast(x):
         xq, xtq = _quantize_both(x, fr.act, wr.act, not fr.is_bf16, keep_xt, seed, off, "x", "xt", kernels)
         w_spec, wt_spec = fr.weight, dr.weight
-        if not fr.is_bf16 and keep_wt and w_spec is not None and w_spec == wt_spec and transpose_shares_quantization(w_spec):
+        shared = w_spec is not None and w_spec == wt_spec and transpose_shares_quantization(w_spec)
+        if not fr.is_bf16 and keep_wt and shared:
             wq = _quantize(w, w_spec, seed, off, "w", False, kernels)
-            wtq = _transpose(wq)  # the weight quantized once for both of its GEMMs
+            wtq = wq.t()  # the weight quantized once for both of its GEMMs (QTensor.t() or a tensor's)
         else:
             wq, wtq = _quantize_both(w, w_spec, wt_spec, not fr.is_bf16, keep_wt, seed, off, "w", "wt", kernels)
         y = (x @ w.t()).to(x.dtype) if fr.is_bf16 else _gemm(xq, wq, x.dtype)
