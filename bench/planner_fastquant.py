@@ -64,7 +64,7 @@ def fast_fake_quantize(x, spec, *, seed=0, offset=0, transpose=False, tensor_ama
     # Blocks as a 4-D view, scales broadcast over it (no expanded scale tensor).
     blocks = xp.reshape(xp.shape[0] // br, br, xp.shape[1] // bc, bc)
     amax = blocks.abs().amax(dim=(1, 3), keepdim=True)
-    _, s = reference._block_scales(amax, spec, None)
+    _, s = reference.block_scales(amax, spec, None)
     v = blocks / s
     if spec.element == E4M3:
         y = v.clamp(-E4M3.max_finite, E4M3.max_finite).to(torch.float8_e4m3fn).float()

@@ -29,6 +29,7 @@ from torch import nn
 from snip_ops import SnipLinear, convert
 from snip_ops.formats import GEMMS
 from snip_ops.module import DEFAULT_EXCLUDE
+from snip_ops.reference import divide_by
 
 from .baselines import BASELINES, baseline
 from .cost import Budget
@@ -190,7 +191,7 @@ def _all_reduce_stats(stats: PlannerStats, candidates: tuple[str, ...]) -> Plann
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     t = torch.tensor(flat, dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    values = (t / dist.get_world_size()).tolist()
+    values = divide_by(t, dist.get_world_size()).tolist()
     loss, pos, layers = values[0], 1, []
     for s in stats.layers:
         nums = dict(zip(_LAYER_FIELDS, values[pos:pos + len(_LAYER_FIELDS)]))

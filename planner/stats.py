@@ -28,6 +28,7 @@ from torch import nn
 
 from snip_ops import SnipLinear
 from snip_ops.formats import GEMMS
+from snip_ops.reference import divide_by
 
 from .cost import LayerShape
 
@@ -157,8 +158,8 @@ def adam_preconditioner(optimizer: torch.optim.Optimizer | None,
             b1, b2 = group["betas"]
             t = float(state["step"]) + 1.0
             v = state.get("max_exp_avg_sq", state["exp_avg_sq"]).float()
-            v_hat = (b2 * v + (1 - b2) * g * g) / (1 - b2 ** t)
-            m_hat = (b1 * state["exp_avg"].float() + (1 - b1) * g) / (1 - b1 ** t)
+            v_hat = divide_by(b2 * v + (1 - b2) * g * g, 1 - b2 ** t)
+            m_hat = divide_by(b1 * state["exp_avg"].float() + (1 - b1) * g, 1 - b1 ** t)
             root = v_hat.sqrt()
             denom = root + eps
             d_root = torch.where(root > 0, (1 - b2) * g / ((1 - b2 ** t) * root.clamp_min(1e-30)), 0.0)

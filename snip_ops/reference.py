@@ -5,10 +5,10 @@ codes plus block scales; `dequantize(q)` maps them back to float32; `fake_quanti
 values as `dequantize(quantize(...))` without materialising codes (used by GEMM emulation).
 
 Scale choice (DESIGN.md §1), with amax the block's max |x| in float32:
-  * FP32:  s = amax / max_finite (IEEE float32 division);
-  * POW2:  that s rounded up to a power of two (on its float32 bit pattern);
-  * E8M0:  the POW2 value stored as a biased exponent byte (no saturation of the block's amax,
-           unlike the OCP floor(log2(amax)) - emax rule);
+  * FP32:  s = amax / max_finite (IEEE float32 division, by a tensor: see `divide_by`);
+  * POW2:  the smallest power of two >= that s, over float32's whole range (2^-149..2^127);
+  * E8M0:  the POW2 value, at least 2^-127 (E8M0's smallest, code 0), stored as a biased exponent
+           byte (no saturation of the block's amax, unlike the OCP floor(log2(amax)) - emax rule);
   * NVFP4: tensor scale t = tensor_amax / (448 * 6); block scale b = e4m3_rne(amax / (t * 6)), at
            least the smallest E4M3 subnormal; the element scale is s = b * t (float32 product). When
            that product underflows to 0 (a tensor scale near 2^-149) s is +Inf instead, so the block's
@@ -30,7 +30,7 @@ from . import philox
 from .cast import decode, encode, round_to_format
 from .formats import E4M3, ElementFormat, QuantSpec, Rounding, ScaleKind
 
-__all__ = ["QTensor", "quantize", "dequantize", "fake_quantize", "check_input", "block_shape"]
+__all__ = ["QTensor", "quantize", "dequantize", "fake_quantize", "check_input", "block_shape", "block_scales", "divide_by"]
 
 NVFP4_TENSOR_DIVISOR = 448.0 * 6.0
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -97,19 +97,39 @@ def _block_amax(xp: torch.Tensor, br: int, bc: int) -> torch.Tensor:
     return xp.abs().reshape(rows // br, br, cols // bc, bc).amax(dim=(1, 3))
 
 
+def divide_by(t: torch.Tensor, divisor: float) -> torch.Tensor:
+    """IEEE `t / divisor` on every device.
+
+    On CUDA, PyTorch computes `tensor / python_float` as `tensor * (1 / divisor)`, which is one ulp off
+    the true quotient for some inputs; a divisor tensor on `t`'s own device gets true division
+    everywhere. tests/test_reference_division.py fails if a scalar divisor comes back.
+    """
+    return t / torch.full((), divisor, dtype=t.dtype, device=t.device)
+
+
 def _round_up_pow2(s: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two >= each positive float32 `s`, subnormal `s` included.
+
+    Normal s: the bit pattern rounded up to the next exponent. Subnormal s = m * 2^-149 (m < 2^23):
+    the answer is next_pow2(m) * 2^-149, whose bit pattern is the integer next_pow2(m) (2^23 being
+    the bits of 2^-126), so m is rounded up the same way as a float and its value is the bit pattern.
+    """
+
+    def up_bits(bits: torch.Tensor) -> torch.Tensor:
+        return torch.where((bits & 0x7FFFFF) != 0, (bits + 0x7FFFFF) & -0x800000, bits)
+
     bits = s.view(torch.int32)
-    up = torch.where((bits & 0x7FFFFF) != 0, (bits + 0x7FFFFF) & -0x800000, bits)
-    return up.view(torch.float32)
+    m_up = up_bits((bits & 0x7FFFFF).to(torch.float32).view(torch.int32)).view(torch.float32).to(torch.int32)
+    return torch.where((bits & 0x7F800000) == 0, m_up, up_bits(bits)).view(torch.float32)
 
 
 def _nvfp4_tensor_scale(tensor_amax: torch.Tensor) -> torch.Tensor:
-    t = tensor_amax.float() / NVFP4_TENSOR_DIVISOR
+    t = divide_by(tensor_amax.float(), NVFP4_TENSOR_DIVISOR)
     t = torch.where((t == 0) & (tensor_amax > 0), torch.full_like(t, 2.0**-149), t)
     return torch.where(tensor_amax == 0, torch.ones_like(t), torch.where(torch.isfinite(tensor_amax), t, torch.full_like(t, float("nan"))))
 
 
-def _block_scales(amax: torch.Tensor, spec: QuantSpec, tensor_scale: torch.Tensor | None):
+def block_scales(amax: torch.Tensor, spec: QuantSpec, tensor_scale: torch.Tensor | None):
     """(stored scales, float32 element scales) for the block amax grid."""
     finite = torch.isfinite(amax)
     nan = torch.full_like(amax, float("nan"))
@@ -122,7 +142,7 @@ def _block_scales(amax: torch.Tensor, spec: QuantSpec, tensor_scale: torch.Tenso
         b = torch.where(torch.isfinite(tensor_scale), b, nan)
         s = b * tensor_scale
         return b.to(torch.float8_e4m3fn), torch.where(s == 0, torch.full_like(s, float("inf")), s)
-    s = amax / spec.element.max_finite
+    s = divide_by(amax, spec.element.max_finite)
     # A subnormal amax can make amax / max_finite underflow to 0: keep the smallest positive scale.
     s = torch.where((s == 0) & (amax > 0), torch.full_like(s, 2.0**-149), s)
     if spec.scale in (ScaleKind.POW2, ScaleKind.E8M0):
@@ -172,7 +192,7 @@ def _quantize_values(x, spec, seed, offset, transpose, tensor_amax, checked):
         tensor_scale = _nvfp4_tensor_scale(torch.as_tensor(tensor_amax, dtype=torch.float32, device=x.device))
     elif tensor_amax is not None:
         raise ValueError("tensor_amax is only used by nvfp4 scaling")
-    stored, s = _block_scales(amax, spec, tensor_scale)
+    stored, s = block_scales(amax, spec, tensor_scale)
     s_el = _expand(s, br, bc, rows, cols)
     y = round_to_format(xf / s_el, spec.element, spec.rounding, words)
     if not bool(torch.isfinite(s).all()):

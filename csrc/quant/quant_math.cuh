@@ -192,7 +192,25 @@ SNIP_QM float decode(uint32_t code, const Format& f) {
   return neg ? -a : a;
 }
 
-// ---- block scales (reference._block_scales, reference._nvfp4_tensor_scale) -----------------------
+// ---- block scales (reference.block_scales, reference._nvfp4_tensor_scale) ------------------------
+
+// The smallest power of two >= positive float32 `s` (reference._round_up_pow2). Normal s: the bit
+// pattern rounded up to the next exponent. Subnormal s = m * 2^-149: next_pow2(m) * 2^-149, whose bit
+// pattern is the integer next_pow2(m) (up to 2^23, the bits of 2^-126).
+SNIP_QM float round_up_pow2(float s) {
+  uint32_t b = f2u(s);
+  if (b < 0x00800000u) {
+    --b;
+    b |= b >> 1;
+    b |= b >> 2;
+    b |= b >> 4;
+    b |= b >> 8;
+    b |= b >> 16;
+    return u2f(b + 1);
+  }
+  if (b & 0x7FFFFFu) b = (b + 0x7FFFFFu) & 0xFF800000u;
+  return u2f(b);
+}
 
 // A block's float32 element scale (what x is divided by) and the bits stored in the scales tensor:
 // the float32 pattern (FP32, POW2) or one byte (E8M0, NVFP4's E4M3).
@@ -228,11 +246,7 @@ SNIP_QM BlockScale block_scale(uint32_t amax_bits, ScaleKind kind, Elem elem, fl
   } else {
     s = div_rn(amax, max_finite_of(elem));
     if (s == 0.0f) s = u2f(1u);                           // 2^-149: a subnormal amax underflowed
-    if (kind != ScaleKind::kFP32) {                       // round up to a power of two on the bits
-      uint32_t b = f2u(s);
-      if (b & 0x7FFFFFu) b = (b + 0x7FFFFFu) & 0xFF800000u;
-      s = u2f(b);
-    }
+    if (kind != ScaleKind::kFP32) s = round_up_pow2(s);
     if (kind == ScaleKind::kE8M0 && f2u(s) < 0x00400000u) s = u2f(0x00400000u);  // >= 2^-127
   }
   if (kind != ScaleKind::kE8M0) return BlockScale{s, f2u(s)};

@@ -1,0 +1,62 @@
+"""The quantizer kernels' arithmetic (csrc/quant/quant_math.cuh) compiled for the host and loaded with
+ctypes, so that CPU tests run the kernels' own source against the PyTorch reference.
+
+Needs a C++ compiler and the CUDA headers (cuda_fp8.h, cuda_fp4.h): `load()` skips the calling test
+where either is missing. Compiled once per source version into a cache directory, with
+`-ffp-contract=off` as the extension's host code is (no fused a*b+c that the reference lacks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = [Path(__file__).parent / "native" / "quant_math_capi.cpp", ROOT / "csrc" / "quant" / "quant_math.cuh",
+           ROOT / "csrc" / "quant" / "quantize.h"]
+ELEM = {"e4m3": 0, "e5m2": 1, "e2m1": 2}
+SCALE_KIND = {"fp32": 0, "pow2": 1, "e8m0": 2, "nvfp4": 3}
+
+
+def _cuda_include() -> Path | None:
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    for home in filter(None, homes):
+        if (Path(home) / "include" / "cuda_fp8.h").exists():
+            return Path(home) / "include"
+    return None
+
+
+def load() -> ctypes.CDLL:
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    include = _cuda_include()
+    if cxx is None or include is None:
+        pytest.skip("host twin needs a C++ compiler and the CUDA headers (cuda_fp8.h)")
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + str(include).encode()).hexdigest()[:16]
+    lib = Path(tempfile.gettempdir()) / f"snip_quant_math_{digest}.so"
+    if not lib.exists():
+        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+        cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC", f"-I{ROOT / 'csrc'}",
+               f"-I{include}", str(SOURCES[0]), "-o", str(tmp)]
+        subprocess.run(cmd, check=True, capture_output=True)
+        os.replace(tmp, lib)
+    return ctypes.CDLL(str(lib))
+
+
+def block_scales(lib: ctypes.CDLL, amax_bits: np.ndarray, kind: str, elem: str, tensor_scale: float = 1.0):
+    """(float32 element scales, stored bits as uint32) of `block_scale` for each amax bit pattern."""
+    amax_bits = np.ascontiguousarray(amax_bits, dtype=np.uint32)
+    scale = np.empty(amax_bits.shape, np.float32)
+    stored = np.empty(amax_bits.shape, np.uint32)
+    ptr = np.ctypeslib.ndpointer
+    lib.snip_block_scales.argtypes = [ptr(np.uint32), ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_float,
+                                      ptr(np.float32), ptr(np.uint32)]
+    lib.snip_block_scales(amax_bits, amax_bits.size, SCALE_KIND[kind], ELEM[elem], tensor_scale, scale, stored)
+    return scale, stored
