@@ -84,24 +84,31 @@ TORCH_LIBRARY(snip_C, m) {
 #endif
 }
 
+// The ops with a device kernel and a Meta function, as X(name) lists per arch, so that each name is
+// written once for both registrations below.
+#define SNIP_COMMON_OPS(X) X(quantize) X(dequantize)
+#if SNIP_HAS_SM90
+#define SNIP_SM90_OPS(X) X(fp8_gemm_nt_blockwise) X(fp8_gemm_nt_blockwise_acc)
+#else
+#define SNIP_SM90_OPS(X)
+#endif
+#if SNIP_HAS_SM100
+#define SNIP_SM100_OPS(X) X(nvfp4_gemm_nt) X(mxfp4_gemm_nt) X(mxfp8_gemm_nt)
+#else
+#define SNIP_SM100_OPS(X)
+#endif
+#define SNIP_KERNEL_OPS(X) SNIP_COMMON_OPS(X) SNIP_SM90_OPS(X) SNIP_SM100_OPS(X)
+
 namespace {
 
 // CUDA and CPU share each op's entry point. On the CPU most of them run their argument checks and
 // then refuse with a message that points to the PyTorch reference (instead of the dispatcher's
 // generic "no CPU backend" error); adamw_ runs its host loop.
 void impl_device_ops(torch::Library& m) {
-  m.impl("quantize", &snip::quantize);
-  m.impl("dequantize", &snip::dequantize);
+#define SNIP_IMPL(op) m.impl(#op, &snip::op);
+  SNIP_KERNEL_OPS(SNIP_IMPL)
+#undef SNIP_IMPL
   m.impl("adamw_", &snip::adamw_);
-#if SNIP_HAS_SM90
-  m.impl("fp8_gemm_nt_blockwise", &snip::fp8_gemm_nt_blockwise);
-  m.impl("fp8_gemm_nt_blockwise_acc", &snip::fp8_gemm_nt_blockwise_acc);
-#endif
-#if SNIP_HAS_SM100
-  m.impl("nvfp4_gemm_nt", &snip::nvfp4_gemm_nt);
-  m.impl("mxfp4_gemm_nt", &snip::mxfp4_gemm_nt);
-  m.impl("mxfp8_gemm_nt", &snip::mxfp8_gemm_nt);
-#endif
 }
 
 }  // namespace
@@ -110,17 +117,9 @@ TORCH_LIBRARY_IMPL(snip_C, CUDA, m) { impl_device_ops(m); }
 TORCH_LIBRARY_IMPL(snip_C, CPU, m) { impl_device_ops(m); }
 
 TORCH_LIBRARY_IMPL(snip_C, Meta, m) {
-  m.impl("quantize", &snip::quantize_meta);
-  m.impl("dequantize", &snip::dequantize_meta);
-#if SNIP_HAS_SM90
-  m.impl("fp8_gemm_nt_blockwise", &snip::fp8_gemm_nt_blockwise_meta);
-  m.impl("fp8_gemm_nt_blockwise_acc", &snip::fp8_gemm_nt_blockwise_acc_meta);
-#endif
-#if SNIP_HAS_SM100
-  m.impl("nvfp4_gemm_nt", &snip::nvfp4_gemm_nt_meta);
-  m.impl("mxfp4_gemm_nt", &snip::mxfp4_gemm_nt_meta);
-  m.impl("mxfp8_gemm_nt", &snip::mxfp8_gemm_nt_meta);
-#endif
+#define SNIP_IMPL_META(op) m.impl(#op, &snip::op##_meta);
+  SNIP_KERNEL_OPS(SNIP_IMPL_META)
+#undef SNIP_IMPL_META
 }
 
 // A bare module: everything is reached through torch.ops.snip_C, so no pybind11 is needed.

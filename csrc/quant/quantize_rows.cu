@@ -6,6 +6,7 @@
 // 16-byte-vector load share, one IEEE divide, the rounding (hardware cvt for RNE where it exists,
 // the arithmetic of quant_math.cuh otherwise; SR adds one Philox4x32-10 block per 4 elements), and
 // one vector store share (16 bytes of FP8 or 8 bytes of FP4 codes per thread). Memory-bound by design.
+#include "quant/launch_dispatch.cuh"
 #include "quant/quant_io.cuh"
 
 namespace snip::quant {
@@ -84,33 +85,13 @@ cudaError_t launch(const Args& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, Elem E>
-cudaError_t launch_rounding(const Args& a, cudaStream_t stream) {
-  return a.spec.sr ? launch<T, E, true>(a, stream) : launch<T, E, false>(a, stream);
-}
-
-template <typename T>
-cudaError_t launch_elem(const Args& a, cudaStream_t stream) {
-  switch (a.spec.elem) {
-    case Elem::kE4M3: return launch_rounding<T, Elem::kE4M3>(a, stream);
-    case Elem::kE5M2: return launch_rounding<T, Elem::kE5M2>(a, stream);
-    case Elem::kE2M1: return launch_rounding<T, Elem::kE2M1>(a, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
 }  // namespace
 
 cudaError_t launch_quantize_rows(const Args& a, cudaStream_t stream) {
   if (a.spec.block_rows != 1 || a.spec.block_cols % kRun != 0 || 32 % (a.spec.block_cols / kRun) != 0 ||
       a.row.codes == nullptr || a.col.codes != nullptr)
     return cudaErrorInvalidValue;
-  switch (a.dtype) {
-    case InputDType::kFloat32: return launch_elem<float>(a, stream);
-    case InputDType::kFloat16: return launch_elem<__half>(a, stream);
-    case InputDType::kBFloat16: return launch_elem<__nv_bfloat16>(a, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_quantize(a, [&]<typename T, Elem E, bool kSR>() { return launch<T, E, kSR>(a, stream); });
 }
 
 }  // namespace snip::quant

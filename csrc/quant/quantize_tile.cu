@@ -16,6 +16,7 @@
 // the other computes (a few bytes spill on 16-bit inputs, more on float32).
 #include <algorithm>
 
+#include "quant/launch_dispatch.cuh"
 #include "quant/quant_io.cuh"
 
 namespace snip::quant {
@@ -260,21 +261,6 @@ cudaError_t launch(const Args& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, Elem E>
-cudaError_t launch_rounding(const Args& a, cudaStream_t stream) {
-  return a.spec.sr ? launch<T, E, true>(a, stream) : launch<T, E, false>(a, stream);
-}
-
-template <typename T>
-cudaError_t launch_elem(const Args& a, cudaStream_t stream) {
-  switch (a.spec.elem) {
-    case Elem::kE4M3: return launch_rounding<T, Elem::kE4M3>(a, stream);
-    case Elem::kE5M2: return launch_rounding<T, Elem::kE5M2>(a, stream);
-    case Elem::kE2M1: return launch_rounding<T, Elem::kE2M1>(a, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
 }  // namespace
 
 cudaError_t launch_quantize_tile(const Args& a, cudaStream_t stream) {
@@ -282,12 +268,7 @@ cudaError_t launch_quantize_tile(const Args& a, cudaStream_t stream) {
   const bool one_d = br == 1 && (bc == 16 || bc == 32 || bc == 128);
   const bool two_d = br == bc && (bc == 16 || bc == 128);
   if (!(one_d || two_d) || (a.row.codes == nullptr && a.col.codes == nullptr)) return cudaErrorInvalidValue;
-  switch (a.dtype) {
-    case InputDType::kFloat32: return launch_elem<float>(a, stream);
-    case InputDType::kFloat16: return launch_elem<__half>(a, stream);
-    case InputDType::kBFloat16: return launch_elem<__nv_bfloat16>(a, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_quantize(a, [&]<typename T, Elem E, bool kSR>() { return launch<T, E, kSR>(a, stream); });
 }
 
 }  // namespace snip::quant

@@ -9,12 +9,9 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
-#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
-#include "gemm/device_info.h"
-#include "gemm/gemm_args.h"
+#include "gemm/op_common.h"
 #include "gemm/sm100/blockscaled_gemm_heuristic.h"
 #include "ops.h"
 
@@ -27,7 +24,6 @@ extern const BlockScaledVariant kVariant_mxfp8;
 namespace snip {
 namespace {
 
-using gemm::DeviceInfo;
 using gemm::device_info;
 using gemm::BlockScaledArgs;
 using gemm::BlockScaledKind;
@@ -67,8 +63,7 @@ Problem check_args(BlockScaledKind kind, const at::Tensor& a, const at::Tensor& 
                    const at::Tensor& sfb, const std::optional<at::Tensor>& alpha) {
   const KindInfo ki = info(kind);
   const char* kOp = ki.op;
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2, kOp, "a and b must be 2-D (a [M, K], b [N, K] codes), got ", a.dim(),
-              "-D and ", b.dim(), "-D");
+  gemm::check_nt_operands(kOp, a, b, ki.fp4 ? 2 : 1);
   for (const auto* t : {&a, &b}) {
     if (ki.fp4) {
       TORCH_CHECK(t->scalar_type() == at::kByte || t->scalar_type() == at::kFloat4_e2m1fn_x2, kOp,
@@ -78,14 +73,8 @@ Problem check_args(BlockScaledKind kind, const at::Tensor& a, const at::Tensor& 
       TORCH_CHECK(t->scalar_type() == at::kFloat8_e4m3fn, kOp, "a and b must be float8_e4m3fn codes, got ",
                   t->scalar_type());
     }
-    TORCH_CHECK(t->size(1) <= 1 || t->stride(1) == 1, kOp, "a and b must be K-major (unit stride along dim 1)");
-    TORCH_CHECK(t->size(0) <= 1 || t->stride(0) % 16 == 0, kOp,
-                "the row stride of a and b must be a multiple of 16 bytes, got ", t->stride(0));
   }
-  TORCH_CHECK(a.size(1) == b.size(1), kOp, "a and b must have the same K: ", a.size(1), " vs ", b.size(1),
-              ki.fp4 ? " bytes" : "");
   const int64_t m = a.size(0), n = b.size(0), k = ki.fp4 ? 2 * a.size(1) : a.size(1);
-  TORCH_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX, kOp, "M, N, K must fit in int32");
   const int64_t k_align = ki.fp4 ? 32 : 16;
   TORCH_CHECK(k % k_align == 0, kOp, "K must be a multiple of ", k_align, " elements (16-byte TMA rows), got K = ", k,
               "; pad K with zero codes (snip_ops.gemm_kernels.qgemm does)");
@@ -109,28 +98,12 @@ Problem check_args(BlockScaledKind kind, const at::Tensor& a, const at::Tensor& 
   return {m, n, k};
 }
 
-void check_device(const char* kOp, const std::vector<const at::Tensor*>& ts) {
-  const at::Tensor& a = *ts[0];
-  TORCH_CHECK(a.is_cuda(), kOp, "tensors must be on a CUDA device, got ", a.device(),
-              " (on the CPU use snip_ops.gemm_kernels.qgemm, which falls back to the reference)");
-  for (const auto* t : ts) {
-    TORCH_CHECK(t->device() == a.device(), kOp, "all tensors must be on ", a.device(), ", got one on ", t->device());
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, kOp,
-                "every tensor must start at a 16-byte aligned address (TMA)");
-  }
-  const DeviceInfo prop = device_info(a.device().index());
-  TORCH_CHECK(prop.major == 10 && prop.minor == 0, kOp,
-              "this kernel is compiled for sm_100a (Blackwell B200/GB200) only; device ", a.device(), " is sm_", prop.major, prop.minor,
-              "; snip_ops.gemm_kernels.qgemm picks the right path per device");
-}
-
 at::Tensor run(BlockScaledKind kind, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
                const at::Tensor& sfb, const std::optional<at::Tensor>& alpha) {
   const KindInfo ki = info(kind);
   const Problem p = check_args(kind, a, sfa, b, sfb, alpha);
-  std::vector<const at::Tensor*> ts = {&a, &sfa, &b, &sfb};
-  if (alpha) ts.push_back(&*alpha);
-  check_device(ki.op, ts);
+  const at::Tensor& alpha_or_a = alpha ? *alpha : a;  // (a checked twice when there is no alpha)
+  gemm::check_device(ki.op, {&a, &sfa, &b, &sfb, &alpha_or_a}, 10, "sm_100a (Blackwell B200/GB200)");
   const c10::cuda::CUDAGuard guard(a.device());
   if (p.m == 0 || p.n == 0 || p.k == 0) return at::zeros({p.m, p.n}, a.options().dtype(at::kBFloat16));
   at::Tensor out = at::empty({p.m, p.n}, a.options().dtype(at::kBFloat16));
@@ -150,15 +123,7 @@ at::Tensor run(BlockScaledKind kind, const at::Tensor& a, const at::Tensor& sfa,
   args.device = a.device().index();
   args.sm_count = device_info(args.device).sms;
   const BlockScaledVariant* v = gemm::sm100::choose_blockscaled_variant({ki.variant}, args.m, args.n, args.k);
-  const auto stream = c10::cuda::getCurrentCUDAStream(args.device);
-  const size_t ws = v->workspace_size(args);
-  at::Tensor workspace;
-  if (ws) workspace = at::empty({int64_t(ws)}, a.options().dtype(at::kByte));
-  const gemm::LaunchResult r = v->run(args, ws ? workspace.data_ptr() : nullptr, stream.stream());
-  TORCH_CHECK(r.status != gemm::LaunchStatus::kCannotImplement, ki.op, "CUTLASS can_implement() refused ", v->name,
-              " for M=", p.m, " N=", p.n, " K=", p.k, " (a bug: the checks above should catch it)");
-  TORCH_CHECK(r.status == gemm::LaunchStatus::kOk, ki.op, "launch of ", v->name, " failed: ",
-              cudaGetErrorString(r.cuda));
+  gemm::launch(ki.op, *v, args, a);
   return out;
 }
 

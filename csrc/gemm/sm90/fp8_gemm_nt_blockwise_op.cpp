@@ -9,12 +9,9 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
-#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
-#include "gemm/device_info.h"
-#include "gemm/gemm_args.h"
+#include "gemm/op_common.h"
 #include "gemm/sm90/fp8_gemm_heuristic.h"
 #include "ops.h"
 
@@ -29,7 +26,7 @@ extern const Fp8BlockwiseVariant kFp8Variant_b1_f32_128x128;
 namespace snip {
 namespace {
 
-using gemm::DeviceInfo;
+using gemm::aligned16;
 using gemm::device_info;
 using gemm::Fp8BlockwiseArgs;
 using gemm::Fp8BlockwiseVariant;
@@ -65,8 +62,6 @@ OutDType out_kind(c10::ScalarType t) {
 
 int64_t out_align(OutDType o) { return o == OutDType::kBF16 ? 8 : 4; }  // elements per 16 bytes
 
-bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
-
 struct Problem {
   int64_t m, n, k, kb;
   OutDType out;
@@ -89,8 +84,7 @@ void check_scales(const at::Tensor& s, const char* name, int64_t kb, int64_t min
 // Every check that does not need the data: shapes, dtypes, strides, alignments of sizes.
 Problem check_args(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb,
                    int64_t b_block, c10::ScalarType out_dtype, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2, kOp, "a and b must be 2-D (a [M, K], b [N, K]), got ", a.dim(),
-              "-D and ", b.dim(), "-D");
+  gemm::check_nt_operands(kOp, a, b, 1);
   for (const auto* t : {&a, &b})
     TORCH_CHECK(t->scalar_type() == at::kFloat8_e4m3fn, kOp,
                 "a and b must be float8_e4m3fn codes (this kernel is E4M3 x E4M3), got ", t->scalar_type(),
@@ -99,16 +93,8 @@ Problem check_args(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor&
               "b_block must be 128 (B scales per 128x128 block) or 1 (B scales per 1x128 row block), got ",
               b_block);
   const int64_t m = a.size(0), n = b.size(0), k = a.size(1);
-  TORCH_CHECK(b.size(1) == k, kOp, "a and b must have the same K (dim 1): ", k, " vs ", b.size(1));
-  TORCH_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX, kOp, "M, N, K must fit in int32");
   TORCH_CHECK(k % 16 == 0, kOp, "K must be a multiple of 16 (TMA needs 16-byte rows), got K = ", k,
               "; pad K with zero codes (snip_ops.gemm_kernels.qgemm does)");
-  for (const auto* t : {&a, &b}) {
-    TORCH_CHECK(t->size(1) <= 1 || t->stride(1) == 1, kOp,
-                "a and b must be K-major (unit stride along K, dim 1); call .contiguous()");
-    TORCH_CHECK(t->size(0) <= 1 || t->stride(0) % 16 == 0, kOp,
-                "the row stride of a and b must be a multiple of 16 elements, got ", t->stride(0));
-  }
   const int64_t kb = (k + kScaleK - 1) / kScaleK;
   check_scales(sfa, "sfa", kb, m, "M");
   check_scales(sfb, "sfb", kb, (n + b_block - 1) / b_block, b_block == 1 ? "N" : "ceil(N/128)");
@@ -123,21 +109,6 @@ Problem check_args(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor&
                 kOp, "bias must be float32, bfloat16 or float16, got ", bias->scalar_type());
   }
   return {m, n, k, kb, out};
-}
-
-void check_device(const std::vector<const at::Tensor*>& ts) {
-  const at::Tensor& a = *ts[0];
-  TORCH_CHECK(a.is_cuda(), kOp, "tensors must be on a CUDA device, got ", a.device(),
-              " (on the CPU use snip_ops.gemm_kernels.qgemm, which falls back to the reference)");
-  for (const auto* t : ts) {
-    TORCH_CHECK(t->device() == a.device(), kOp, "all tensors must be on ", a.device(), ", got one on ",
-                t->device());
-    TORCH_CHECK(aligned16(*t), kOp, "every tensor must start at a 16-byte aligned address (TMA)");
-  }
-  const DeviceInfo prop = device_info(a.device().index());
-  TORCH_CHECK(prop.major == 9 && prop.minor == 0, kOp,
-              "this kernel is compiled for sm_90a (Hopper H100/H200) only; device ", a.device(), " is sm_", prop.major, prop.minor,
-              "; snip_ops.gemm_kernels.qgemm picks the right path per device");
 }
 
 const Fp8BlockwiseVariant* pick_variant(const Problem& p, int64_t b_block, const std::string& config, int sms,
@@ -164,18 +135,6 @@ const Fp8BlockwiseVariant* pick_variant(const Problem& p, int64_t b_block, const
     args->swizzle = ov.swizzle ? ov.swizzle : choice.swizzle;
   }
   return v;
-}
-
-void launch(const Fp8BlockwiseVariant* v, Fp8BlockwiseArgs& args, const at::Tensor& like) {
-  const auto stream = c10::cuda::getCurrentCUDAStream(like.device().index());
-  const size_t ws = v->workspace_size(args);
-  at::Tensor workspace;
-  if (ws) workspace = at::empty({int64_t(ws)}, like.options().dtype(at::kByte));
-  const gemm::LaunchResult r = v->run(args, ws ? workspace.data_ptr() : nullptr, stream.stream());
-  TORCH_CHECK(r.status != gemm::LaunchStatus::kCannotImplement, kOp, "CUTLASS can_implement() refused variant ",
-              v->name, " for M=", args.m, " N=", args.n, " K=", args.k, " (a bug: the checks above should catch it)");
-  TORCH_CHECK(r.status == gemm::LaunchStatus::kOk, kOp, "launch of ", v->name, " failed: ",
-              cudaGetErrorString(r.cuda));
 }
 
 Fp8BlockwiseArgs make_args(const Problem& p, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
@@ -213,7 +172,7 @@ at::Tensor fp8_gemm_nt_blockwise(const at::Tensor& a, const at::Tensor& sfa, con
                                  const at::Tensor& sfb, int64_t b_block, c10::ScalarType out_dtype,
                                  const std::optional<at::Tensor>& bias, c10::string_view config) {
   const Problem p = check_args(a, sfa, b, sfb, b_block, out_dtype, bias);
-  check_device({&a, &sfa, &b, &sfb});
+  gemm::check_device(kOp, {&a, &sfa, &b, &sfb}, 9, "sm_90a (Hopper H100/H200)");
   if (bias)
     TORCH_CHECK(bias->device() == a.device(), kOp, "bias must be on ", a.device(), ", got ", bias->device());
   const c10::cuda::CUDAGuard guard(a.device());
@@ -235,7 +194,7 @@ at::Tensor fp8_gemm_nt_blockwise(const at::Tensor& a, const at::Tensor& sfa, con
   args.d = out.data_ptr();
   args.ldd = p.n;
   args.accumulate = false;
-  launch(v, args, a);
+  gemm::launch(kOp, *v, args, a);
   return out;
 }
 
@@ -244,7 +203,7 @@ void fp8_gemm_nt_blockwise_acc(const at::Tensor& a, const at::Tensor& sfa, const
                                c10::string_view config) {
   const Problem p = check_args(a, sfa, b, sfb, b_block, out.scalar_type(), std::nullopt);
   check_out(out, p);
-  check_device({&a, &sfa, &b, &sfb, &out});
+  gemm::check_device(kOp, {&a, &sfa, &b, &sfb, &out}, 9, "sm_90a (Hopper H100/H200)");
   const c10::cuda::CUDAGuard guard(a.device());
   if (p.m == 0 || p.n == 0 || p.k == 0) return;
   Fp8BlockwiseArgs args = make_args(p, a, sfa, b, sfb);
@@ -252,7 +211,7 @@ void fp8_gemm_nt_blockwise_acc(const at::Tensor& a, const at::Tensor& sfa, const
   args.d = out.data_ptr();
   args.ldd = p.m > 1 ? out.stride(0) : p.n;
   args.accumulate = true;
-  launch(v, args, a);
+  gemm::launch(kOp, *v, args, a);
 }
 
 at::Tensor fp8_gemm_nt_blockwise_meta(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
