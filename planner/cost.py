@@ -183,10 +183,14 @@ class Budget:
             out["device"] = self.cost_model.device
         return out
 
-    def satisfied_by(self, metrics: "PlanMetrics", tol: float = 1e-9) -> bool:
+    # A plan may miss the budget value by this much (absolute, on the fraction or the relative cost):
+    # float rounding of the metrics must not turn a plan at the boundary into an infeasible one.
+    TOLERANCE = 1e-9
+
+    def satisfied_by(self, metrics: "PlanMetrics") -> bool:
         if self.kind == "fp4_fraction":
-            return metrics.fp4_fraction >= self.value - tol
-        return metrics.relative_cost <= self.value + tol
+            return metrics.fp4_fraction >= self.value - self.TOLERANCE
+        return metrics.relative_cost <= self.value + self.TOLERANCE
 
 
 @dataclass(frozen=True)
