@@ -29,6 +29,16 @@ except ImportError as e:  # pure-Python install, or an extension built against a
             "SNIP_NO_CUDA=1 at install time); build it with pip install --no-build-isolation -e ."
         )
 
+if HAS_KERNELS:
+    # An extension built against another torch can load (one source tree, two environments) yet
+    # disagree with this torch's C++ ABI: it is not used, and says why.
+    _built_torch = json.loads(torch.ops.snip_C.build_info()).get("torch")
+    if _built_torch != torch.__version__:
+        _C = None
+        HAS_KERNELS = False
+        _IMPORT_ERROR = (f"snip_ops._C is there but was built against torch {_built_torch}, not this torch "
+                         f"{torch.__version__} (rebuild it)")
+
 
 @lru_cache(maxsize=1)
 def _native_info() -> dict:

@@ -2,6 +2,7 @@
 holds. The ops' schemas, argument checks and Meta functions are tested with their Python dispatchers
 (tests/test_quant_dispatch.py, tests/test_gemm_dispatch.py)."""
 
+import importlib
 import os
 import re
 import shutil
@@ -68,3 +69,16 @@ def test_kernel_available_on_cpu_is_false():
     assert not _ext.kernel_available(OP, "cpu")
     assert not _ext.kernel_available(OP, torch.zeros(2, 128))
     assert not _ext.kernel_available("no_such_kernel", "cuda")
+
+
+@needs_ext
+def test_extension_of_another_torch_is_not_used(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "0.0.0+other")
+    try:
+        importlib.reload(_ext)
+        assert not _ext.HAS_KERNELS and _ext.kernels() == {} and not _ext.kernel_available(OP, "cuda")
+        assert "built against torch" in _ext.build_info()["extension_error"]
+    finally:
+        monkeypatch.undo()
+        importlib.reload(_ext)
+    assert _ext.HAS_KERNELS

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from bounds import assert_within_gemm_bound
 from snip_ops import _ext, gemm, gemm_kernels as gk, reference
 from snip_ops.cast import decode
 from snip_ops.formats import E2M1, E4M3, QuantSpec, recipe
@@ -42,10 +44,6 @@ def _operands(name: str, m: int, n: int, k: int, gemm_kind: str = "fprop", seed:
         return quantize(dy, r.grad), b
     dy, x = torch.randn(k, m, generator=g), torch.randn(k, n, generator=g)  # wgrad: a = dy^T, b = x^T
     return quantize(dy, r.grad, transpose=True), quantize(x, r.act, transpose=True)
-
-
-def _ref(a, b):
-    return (dequantize(a).double() @ dequantize(b).double().t())
 
 
 # ---- path selection -----------------------------------------------------------------------------
@@ -137,38 +135,42 @@ def test_qgemm_argument_errors():
 @pytest.mark.parametrize("name", ["fp8", "fp4", "mxfp8", "nvfp4", "mxfp4", "fp8_e5m2grad"])
 @pytest.mark.parametrize("gemm_kind", ["fprop", "dgrad", "wgrad"])
 def test_fallback_is_the_reference(name, gemm_kind):
+    # An FP32 GEMM of the dequantized operands, in whatever order the BLAS sums: within gamma_K |a||b|.
     a, b = _operands(name, 37, 72, 300, gemm_kind)
     y = gk.qgemm(a, b, out_dtype=torch.float32)
-    torch.testing.assert_close(y.double(), _ref(a, b), rtol=1e-5, atol=1e-5)
+    assert_within_gemm_bound(y, dequantize(a), dequantize(b), what=f"{name} {gemm_kind}")
 
 
 def test_fallback_matches_gemm_emulation():
-    # The same operands as snip_ops.gemm.fprop quantizes (RNE: no random bits involved).
+    # The same operands as snip_ops.gemm.fprop quantizes (RNE: no random bits involved), bit for bit,
+    # in the same FP32 matmul call: the same bits out.
     g = torch.Generator().manual_seed(3)
     x, w = torch.randn(40, 200, generator=g), torch.randn(24, 200, generator=g)
     for name in ("fp8", "mxfp8", "nvfp4"):
         r = recipe(name)
         y = gk.qgemm(quantize(x, r.act), quantize(w, r.weight), out_dtype=torch.float32)
-        torch.testing.assert_close(y, gemm.fprop(x, w, r), rtol=1e-6, atol=1e-6)
+        assert torch.equal(y, gemm.fprop(x, w, r)), name
 
 
 def test_bias_accumulate_dtype_and_empty():
     a, b = _operands("fp8", 9, 24, 130)
-    ref = _ref(a, b)
+    da, db = dequantize(a), dequantize(b)
+    ref = da.double() @ db.double().t()
     bias = torch.randn(24)
-    tol = dict(rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(gk.qgemm(a, b, bias=bias, out_dtype=torch.float32).double(), ref + bias.double(), **tol)
+    # The FP32 GEMM, then one more FP32 rounding: the bias added, or the sum added into `out`.
+    y = gk.qgemm(a, b, bias=bias, out_dtype=torch.float32)
+    assert_within_gemm_bound(y, da, db, ref + bias.double(), rounded_to=(torch.float32,), what="bias")
     y = gk.qgemm(a, b)
     assert y.dtype == torch.bfloat16 and y.shape == (9, 24)
     assert torch.equal(y, gk.qgemm(a, b, out_dtype=torch.float32).bfloat16())  # one rounding, at the end
     out0 = torch.randn(9, 24)
     out = out0.clone()
     assert gk.qgemm(a, b, out=out) is out
-    torch.testing.assert_close(out.double(), out0.double() + ref, **tol)
+    assert_within_gemm_bound(out, da, db, out0.double() + ref, rounded_to=(torch.float32,), what="out +=")
     e, f = _operands("fp8", 0, 24, 130)[0], b
     assert gk.qgemm(e, f).shape == (0, 24)
     za, zb = quantize(torch.zeros(5, 0), QuantSpec(E4M3)), quantize(torch.zeros(8, 0), QuantSpec(E4M3, (128, 128)))
-    torch.testing.assert_close(gk.qgemm(za, zb, bias=torch.ones(8), out_dtype=torch.float32), torch.ones(5, 8))
+    assert torch.equal(gk.qgemm(za, zb, bias=torch.ones(8), out_dtype=torch.float32), torch.ones(5, 8))
 
 
 def test_nonfinite_input_propagates():
@@ -183,13 +185,14 @@ def test_nonfinite_input_propagates():
 
 
 def test_fp4_codes_as_e4m3_exhaustive():
-    # Every byte (two E2M1 codes) re-encodes to E4M3 codes with exactly the same values.
+    # Every byte (two E2M1 codes) re-encodes to the E4M3 codes of exactly the same values, signed
+    # zero included: the bytes torch's own cast gives.
     codes = torch.arange(256, dtype=torch.uint8).reshape(16, 16)
     q = reference.QTensor(codes, torch.ones(16, 1), QuantSpec(E2M1), (16, 32))
     e4m3 = gk.fp4_codes_as_e4m3(q)
     assert e4m3.dtype == torch.float8_e4m3fn and e4m3.shape == (16, 32)
     nibbles = torch.stack((codes.long() & 0xF, codes.long() >> 4), dim=2).reshape(16, 32)
-    torch.testing.assert_close(e4m3.float(), decode(nibbles, E2M1), rtol=0, atol=0)
+    assert torch.equal(e4m3.view(torch.uint8), decode(nibbles, E2M1).to(torch.float8_e4m3fn).view(torch.uint8))
     odd = reference.QTensor(codes[:, :8], torch.ones(16, 1), QuantSpec(E2M1), (16, 15))
     assert gk.fp4_codes_as_e4m3(odd).shape == (16, 15)
 
@@ -201,13 +204,13 @@ def test_hopper_scales(rows, k, block):
     sfa, br = gk.hopper_scales(q, "a")
     assert br == 1 and sfa.shape == (kb, -(-rows // 4) * 4) and sfa.dtype == torch.float32
     per_row = q.scales.repeat_interleave(block[0], dim=0)[:rows]
-    torch.testing.assert_close(sfa[:, :rows], per_row.t(), rtol=0, atol=0)
+    assert torch.equal(sfa[:, :rows], per_row.t())
     assert (sfa[:, rows:] == 0).all()
     sfb, bb = gk.hopper_scales(q, "b", rows=rows + 3)
     assert bb == block[0]
     n_rows = -(-(rows + 3) // bb)
     assert sfb.shape == (kb, -(-n_rows // 4) * 4)
-    torch.testing.assert_close(sfb[:, : q.scales.shape[0]], q.scales.t(), rtol=0, atol=0)
+    assert torch.equal(sfb[:, : q.scales.shape[0]], q.scales.t())
 
 
 @pytest.mark.parametrize("m, n, k", [(1, 8, 16), (37, 72, 300), (128, 256, 1040), (257, 9, 100), (64, 128, 1000)])
@@ -220,13 +223,14 @@ def test_prepare_sm90_layouts(m, n, k, name, gemm_kind):
         assert n_pad == -(-n // n_align) * n_align
         assert ca.shape == (m, k_pad) and cb.shape == (n_pad, k_pad) and ca.dtype == cb.dtype == torch.float8_e4m3fn
         assert b_block == (128 if gemm_kind in ("fprop", "dgrad") else 1)
-        # The prepared operands describe the same GEMM: rebuild the dequantized product from them.
+        # The prepared operands describe the same GEMM: code times scale rebuilds the dequantized
+        # operands bit for bit (the same FP32 products), zero in the padding.
         kb = -(-k // 128)
         sa = sfa[:, :m].t().repeat_interleave(128, dim=1)[:, :k_pad]
         sb = sfb.t().repeat_interleave(b_block, dim=0)[:n_pad].repeat_interleave(128, dim=1)[:, :k_pad]
         assert sa.shape[1] == min(kb * 128, k_pad)
-        y = (ca.float() * sa).double() @ (cb.float() * sb).double().t()
-        torch.testing.assert_close(y[:, :n], _ref(a, b), rtol=1e-9, atol=1e-9)
+        assert torch.equal(ca.float() * sa, F.pad(dequantize(a), (0, k_pad - k)))
+        assert torch.equal(cb.float() * sb, F.pad(dequantize(b), (0, k_pad - k, 0, n_pad - n)))
 
 
 @needs_sm90_op
@@ -294,7 +298,7 @@ def test_prepared_sm100_scales_round_trip(kind):
     back = from_blackwell(sfa, 37, -(-sfa.numel() // -(-37 // 128) // 128))[:, :n_sf]
     assert torch.equal(back.view(torch.uint8), a.scales.view(torch.uint8))
     if kind == "nvfp4":
-        torch.testing.assert_close(alpha, (a.tensor_scale * b.tensor_scale).reshape(1))
+        assert torch.equal(alpha, (a.tensor_scale * b.tensor_scale).reshape(1))
 
 
 # ---- the C++ ops: argument checks, Meta functions, heuristic ------------------------------------

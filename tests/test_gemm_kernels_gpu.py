@@ -1,12 +1,9 @@
-"""The CUTLASS GEMMs on a GPU, against an FP64 GEMM of the dequantized operands.
-
-Bounds (relative Frobenius error ||y - ref|| / ||ref||):
-  * FP32 output: 1e-3. The Hopper FP8 wgmma keeps a reduced-precision accumulator inside each
-    128-wide K block (CUTLASS promotes to FP32 after every block, DeepSeek-V3 style), so the error
-    is well above FP32 rounding but far below 1e-3 in practice (~1e-4 expected).
-  * BF16 output: the same plus 2^-8, the unit roundoff of BF16 (the largest relative error of one
-    rounding to BF16).
-  * The pure-PyTorch GPU paths (bf16_exact, fp32): 1e-5 (exact products, FP32 sums).
+"""The CUTLASS GEMMs on a GPU: first the quantized operands, from the CUDA quantizer, bit for bit
+against the reference quantizer (the CPU oracle); then the GEMM against the FP64 GEMM of those
+dequantized operands, elementwise within the path's error bound (tests/bounds.py, qgemm_error_bound:
+the Hopper FP8 wgmma's reduced-precision accumulator inside each 128-wide K block, the assumptions
+stated there), with each rounding after the GEMM (bias add, BF16/FP16 output, accumulation into
+`out`) on top.
 Every scale layout (1x128 x 128x128 for fprop/dgrad, 1x128 x 1x128 for wgrad, 128x128-blocked A),
 odd M/N/K, every compiled tile configuration, bias, accumulation into FP32 and BF16, and FP4 on
 Hopper (E2M1 re-encoded as E4M3) are covered. The sm_100 tests need a B200-class GPU.
@@ -15,15 +12,12 @@ Hopper (E2M1 re-encoded as E4M3) are covered. The sm_100 tests need a B200-class
 import pytest
 import torch
 
-from snip_ops import _ext, gemm, gemm_kernels as gk
+from bounds import assert_within, gemm_error_bound, qgemm_error_bound, then_rounded
+from snip_ops import _ext, gemm, gemm_kernels as gk, quantize, reference
 from snip_ops.formats import E2M1, E4M3, QuantSpec, ScaleKind, recipe
-from snip_ops.reference import dequantize, quantize
+from snip_ops.reference import dequantize
 
 pytestmark = pytest.mark.gpu
-
-TOL_FP32 = 1e-3
-TOL_BF16 = TOL_FP32 + 2.0**-8
-TOL_EXACT = 1e-5
 
 
 def _arch():
@@ -40,12 +34,42 @@ needs_sm100 = pytest.mark.skipif(
 )
 
 
-def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((y.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+def _bits(t):
+    return None if t is None else t.contiguous().cpu().reshape(-1).view(torch.uint8)
+
+
+def quantized(x, spec, **kw):
+    """snip_ops.quantize(x) (the CUDA quantizer), checked bit for bit against the reference on the CPU."""
+    q = quantize(x, spec, **kw)
+    want = reference.quantize(x.cpu(), spec, **kw)
+    for part in ("codes", "scales", "tensor_scale"):
+        got_bits, want_bits = _bits(getattr(q, part)), _bits(getattr(want, part))
+        assert (got_bits is None) == (want_bits is None) and (got_bits is None or torch.equal(got_bits, want_bits)), (
+            f"{spec.describe()} {part}: the CUDA quantizer differs from the reference")
+    return q
 
 
 def ref_gemm(a, b) -> torch.Tensor:
     return dequantize(a).double() @ dequantize(b).double().t()
+
+
+def kernel_bound(path, a, b) -> torch.Tensor:
+    """The path's bound against the exact product, plus the FP64 reference's own error."""
+    da, db = dequantize(a), dequantize(b)
+    return qgemm_error_bound(path, da, db) + gemm_error_bound(da, db, torch.float64)
+
+
+def check(y, a, b, path, out_dtype=torch.float32, bias=None, what=""):
+    """y = qgemm(a, b, bias=bias) in `out_dtype` within the path's bound: the product as the kernel
+    writes it (BF16 from the Blackwell kernels, else FP32), the bias added in FP32, the output cast."""
+    ref = ref_gemm(a, b)
+    kernel_dtype = torch.bfloat16 if path.startswith("sm100_") else torch.float32
+    bound = then_rounded(kernel_bound(path, a, b), ref, kernel_dtype)
+    if bias is not None:
+        ref = ref + bias.double()
+        bound = then_rounded(bound, ref, torch.float32)
+    assert y.dtype == out_dtype and y.shape == ref.shape
+    assert_within(y, ref, then_rounded(bound, ref, out_dtype), what)
 
 
 def operands(name, m, n, k, gemm_kind="fprop", seed=0, spread=True):
@@ -62,13 +86,13 @@ def operands(name, m, n, k, gemm_kind="fprop", seed=0, spread=True):
 
     r = recipe(name)
     if gemm_kind == "fprop":
-        return quantize(rnd(m, k), r.act), quantize(rnd(n, k), r.weight)
+        return quantized(rnd(m, k), r.act), quantized(rnd(n, k), r.weight)
     if gemm_kind == "dgrad":
         w = rnd(k, n)
-        wq = quantize(w, r.weight)
-        b = wq.t() if r.weight.block == (128, 128) else quantize(w, r.weight, transpose=True)
-        return quantize(rnd(m, k), r.grad), b
-    return quantize(rnd(k, m), r.grad, transpose=True), quantize(rnd(k, n), r.act, transpose=True)
+        wq = quantized(w, r.weight)
+        b = wq.t() if r.weight.block == (128, 128) else quantized(w, r.weight, transpose=True)
+        return quantized(rnd(m, k), r.grad), b
+    return quantized(rnd(k, m), r.grad, transpose=True), quantized(rnd(k, n), r.act, transpose=True)
 
 
 SHAPES = [(128, 128, 128), (1, 8, 16), (33, 72, 144), (257, 264, 1040), (1000, 520, 4112), (64, 4096, 4096)]
@@ -98,13 +122,10 @@ def test_dispatch_picks_the_kernel():
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_sm90_fp8_against_fp64(m, n, k, gemm_kind, out_dtype):
     a, b = operands("fp8", m, n, k, gemm_kind)
-    ref = ref_gemm(a, b)
     b_block = 1 if gemm_kind == "wgrad" else 128
     for config in configs(b_block, out_dtype):
         y = gk.qgemm(a, b, out_dtype=out_dtype, path="sm90_fp8", config=config)
-        assert y.shape == (m, n) and y.dtype == out_dtype
-        tol = TOL_BF16 if out_dtype == torch.bfloat16 else TOL_FP32
-        assert rel_err(y, ref) < tol, (config, rel_err(y, ref))
+        check(y, a, b, "sm90_fp8", out_dtype, what=config)
 
 
 @needs_sm90
@@ -113,9 +134,8 @@ def test_sm90_fp8_against_fp64(m, n, k, gemm_kind, out_dtype):
 def test_sm90_every_scale_layout(a_block, b_block, scale):
     g = torch.Generator(device="cuda").manual_seed(1)
     x, w = torch.randn(300, 640, device="cuda", generator=g), torch.randn(264, 640, device="cuda", generator=g)
-    a, b = quantize(x, QuantSpec(E4M3, a_block, scale)), quantize(w, QuantSpec(E4M3, b_block, scale))
-    y = gk.qgemm(a, b, out_dtype=torch.float32, path="sm90_fp8")
-    assert rel_err(y, ref_gemm(a, b)) < TOL_FP32
+    a, b = quantized(x, QuantSpec(E4M3, a_block, scale)), quantized(w, QuantSpec(E4M3, b_block, scale))
+    check(gk.qgemm(a, b, out_dtype=torch.float32, path="sm90_fp8"), a, b, "sm90_fp8")
 
 
 @needs_sm90
@@ -123,14 +143,12 @@ def test_sm90_every_scale_layout(a_block, b_block, scale):
 def test_sm90_bias(out_dtype):
     a, b = operands("fp8", 200, 264, 512, spread=out_dtype != torch.float16)  # FP16: stay below 65504
     bias = torch.randn(264, device="cuda", dtype=torch.bfloat16)
-    ref = ref_gemm(a, b) + bias.double()
     y = gk.qgemm(a, b, out_dtype=out_dtype, bias=bias, path="sm90_fp8")
-    assert y.dtype == out_dtype and rel_err(y, ref) < (TOL_FP32 if out_dtype == torch.float32 else TOL_BF16)
+    check(y, a, b, "sm90_fp8", out_dtype, bias=bias)
     # N that needs padding inside the wrapper (the bias is padded with it)
     a, b = operands("fp8", 200, 13, 512)
     bias = torch.randn(13, device="cuda")
-    y = gk.qgemm(a, b, out_dtype=torch.float32, bias=bias, path="sm90_fp8")
-    assert y.shape == (200, 13) and rel_err(y, ref_gemm(a, b) + bias.double()) < TOL_FP32
+    check(gk.qgemm(a, b, out_dtype=torch.float32, bias=bias, path="sm90_fp8"), a, b, "sm90_fp8", bias=bias)
 
 
 @needs_sm90
@@ -141,12 +159,14 @@ def test_sm90_accumulate(out_dtype, n, gemm_kind):
     a, b = operands("fp8", 200, n, 1040, gemm_kind)
     out0 = torch.randn(200, n, device="cuda").to(out_dtype)
     out = out0.clone()
-    assert gk.qgemm(a, b, out=out, path="sm90_fp8") is out
-    tol = TOL_FP32 if out_dtype == torch.float32 else TOL_BF16
-    assert rel_err(out, out0.double() + ref_gemm(a, b)) < tol
-    # twice: wgrad accumulation over micro-batches
-    gk.qgemm(a, b, out=out, path="sm90_fp8")
-    assert rel_err(out, out0.double() + 2 * ref_gemm(a, b)) < tol
+    product, gemm_bound = ref_gemm(a, b), kernel_bound("sm90_fp8", a, b)
+    bound = torch.zeros_like(product)
+    for times in (1, 2):  # twice: wgrad accumulation over micro-batches
+        assert gk.qgemm(a, b, out=out, path="sm90_fp8") is out
+        ref = out0.double() + times * product
+        # out + the GEMM, in FP32, stored in out's dtype: the error so far plus this GEMM's, rounded twice
+        bound = then_rounded(bound + gemm_bound, ref, torch.float32, out_dtype)
+        assert_within(out, ref, bound, f"accumulation {times}")
 
 
 @needs_sm90
@@ -154,9 +174,12 @@ def test_sm90_accumulate_op_directly_into_fp32():
     a, b = operands("fp8", 256, 256, 4096, "wgrad")
     ca, sfa, cb, sfb, b_block, _ = gk.prepare_sm90(a, b, torch.float32)
     out = torch.zeros(256, 256, device="cuda")
-    for _ in range(3):
+    product, gemm_bound = ref_gemm(a, b), kernel_bound("sm90_fp8", a, b)
+    bound = torch.zeros_like(product)
+    for times in (1, 2, 3):
         torch.ops.snip_C.fp8_gemm_nt_blockwise_acc(ca, sfa, cb, sfb, b_block, out)
-    assert rel_err(out, 3 * ref_gemm(a, b)) < TOL_FP32
+        bound = then_rounded(bound + gemm_bound, times * product, torch.float32)
+        assert_within(out, times * product, bound, f"accumulation {times}")
 
 
 @needs_sm90
@@ -165,12 +188,12 @@ def test_sm90_fp4_exact_emulation(gemm_kind):
     a, b = operands("fp4", 257, 264, 1040, gemm_kind)
     y = gk.qgemm(a, b, out_dtype=torch.float32)
     assert gk.select_path(a, b, out_dtype=torch.float32).path == "sm90_fp4"
-    assert rel_err(y, ref_gemm(a, b)) < TOL_FP32
+    check(y, a, b, "sm90_fp4")
     # mixed E4M3 x E2M1 operands also ride the FP8 kernel
-    a8 = quantize(torch.randn(64, 512, device="cuda"), QuantSpec(E4M3))
-    b4 = quantize(torch.randn(72, 512, device="cuda"), recipe("fp4").weight)
+    a8 = quantized(torch.randn(64, 512, device="cuda"), QuantSpec(E4M3))
+    b4 = quantized(torch.randn(72, 512, device="cuda"), recipe("fp4").weight)
     assert gk.select_path(a8, b4).path == "sm90_fp4"
-    assert rel_err(gk.qgemm(a8, b4, out_dtype=torch.float32), ref_gemm(a8, b4)) < TOL_FP32
+    check(gk.qgemm(a8, b4, out_dtype=torch.float32), a8, b4, "sm90_fp4")
 
 
 @needs_sm90
@@ -184,15 +207,18 @@ def test_sm90_linear_layer_gemms_match_emulation(name):
     x, w, dy = (torch.randn(*s, device="cuda", generator=g) for s in ((M, K), (N, K), (M, N)))
     off = gemm.operand_offset
     pairs = {
-        "fprop": (quantize(x, r.act, offset=off(0, "x")), quantize(w, r.weight, offset=off(0, "w")), gemm.fprop(x, w, r)),
-        "dgrad": (quantize(dy, r.grad, offset=off(0, "dy")), quantize(w, r.weight, offset=off(0, "wt"), transpose=True),
-                  gemm.dgrad(dy, w, r)),
-        "wgrad": (quantize(dy, r.grad, offset=off(0, "dyt"), transpose=True),
-                  quantize(x, r.act, offset=off(0, "xt"), transpose=True), gemm.wgrad(dy, x, r)),
+        "fprop": (quantized(x, r.act, offset=off(0, "x")), quantized(w, r.weight, offset=off(0, "w")),
+                  gemm.fprop(x, w, r, emulate=True)),
+        "dgrad": (quantized(dy, r.grad, offset=off(0, "dy")),
+                  quantized(w, r.weight, offset=off(0, "wt"), transpose=True), gemm.dgrad(dy, w, r, emulate=True)),
+        "wgrad": (quantized(dy, r.grad, offset=off(0, "dyt"), transpose=True),
+                  quantized(x, r.act, offset=off(0, "xt"), transpose=True), gemm.wgrad(dy, x, r, emulate=True)),
     }
     for kind, (a, b, emulated) in pairs.items():
-        y = gk.qgemm(a, b, out_dtype=torch.float32)
-        assert rel_err(y, emulated.double()) < TOL_FP32, kind
+        # the emulation is the fp32 path's GEMM of the same dequantized operands
+        da, db = dequantize(a), dequantize(b)
+        assert torch.equal(emulated, gemm.fp32_mm(da, db.t())), kind
+        check(gk.qgemm(a, b, out_dtype=torch.float32), a, b, f"sm90_{name}", what=kind)
 
 
 @needs_sm90
@@ -222,7 +248,7 @@ def test_sm90_deterministic_and_stream_safe():
 @needs_sm90
 def test_sm90_large():
     a, b = operands("fp8", 4096, 4096, 4096, spread=False)
-    assert rel_err(gk.qgemm(a, b, path="sm90_fp8"), ref_gemm(a, b)) < TOL_BF16
+    check(gk.qgemm(a, b, path="sm90_fp8"), a, b, "sm90_fp8", torch.bfloat16)
 
 
 @needs_sm90
@@ -258,17 +284,16 @@ def test_sm90_op_refuses_other_archs():
 def test_sm100_against_fp64(kind, m, n, k, gemm_kind):
     a, b = operands(kind, m, n, k, gemm_kind)
     assert gk.select_path(a, b).path == f"sm100_{kind}"
-    y = gk.qgemm(a, b)
-    assert y.dtype == torch.bfloat16 and rel_err(y, ref_gemm(a, b)) < TOL_BF16
+    check(gk.qgemm(a, b), a, b, f"sm100_{kind}", torch.bfloat16)
 
 
 @needs_sm100
 def test_sm100_bias_and_fp32_fallback():
     a, b = operands("nvfp4", 200, 264, 512)
     bias = torch.randn(264, device="cuda")
-    assert rel_err(gk.qgemm(a, b, bias=bias), ref_gemm(a, b) + bias.double()) < TOL_BF16
+    check(gk.qgemm(a, b, bias=bias), a, b, "sm100_nvfp4", torch.bfloat16, bias=bias)
     assert gk.select_path(a, b, out_dtype=torch.float32).path == "bf16_exact"
-    assert rel_err(gk.qgemm(a, b, out_dtype=torch.float32), ref_gemm(a, b)) < TOL_EXACT
+    check(gk.qgemm(a, b, out_dtype=torch.float32), a, b, "bf16_exact")
 
 
 # ---- the pure-PyTorch GPU paths ------------------------------------------------------------------
@@ -278,12 +303,11 @@ def test_sm100_bias_and_fp32_fallback():
 @pytest.mark.parametrize("name", ["mxfp8", "mxfp4", "nvfp4"])
 def test_bf16_exact_path(name):
     a, b = operands(name, 257, 264, 1056)
-    y = gk.qgemm(a, b, out_dtype=torch.float32, path="bf16_exact")
-    assert rel_err(y, ref_gemm(a, b)) < TOL_EXACT
+    check(gk.qgemm(a, b, out_dtype=torch.float32, path="bf16_exact"), a, b, "bf16_exact")
     pow2 = QuantSpec(E2M1, (1, 128), ScaleKind.POW2)
-    a, b = quantize(torch.randn(64, 384, device="cuda"), pow2), quantize(torch.randn(72, 384, device="cuda"), pow2)
+    a, b = quantized(torch.randn(64, 384, device="cuda"), pow2), quantized(torch.randn(72, 384, device="cuda"), pow2)
     assert gk.select_path(a, b).path in ("bf16_exact", "sm90_fp4")
-    assert rel_err(gk.qgemm(a, b, out_dtype=torch.float32, path="bf16_exact"), ref_gemm(a, b)) < TOL_EXACT
+    check(gk.qgemm(a, b, out_dtype=torch.float32, path="bf16_exact"), a, b, "bf16_exact")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -296,4 +320,4 @@ def test_fp32_path_ignores_tf32_setting():
         assert torch.get_float32_matmul_precision() == "high"
     finally:
         torch.set_float32_matmul_precision(prev)
-    assert rel_err(y, ref_gemm(a, b)) < TOL_EXACT
+    check(y, a, b, "fp32")

@@ -29,7 +29,10 @@ def test_convert_swaps_projections_only():
     assert sum(isinstance(m, SnipLinear) for m in model.modules()) == 14
 
 
-@pytest.mark.parametrize("precision,loss_tol,grad_sqnr", [("fp8", 0.01, 20.0), ("mxfp4", 0.05, 5.0)])
+# Over 16 draws (model seeds and token batches) the relative loss change is 0 +- 0.00016 (fp8) and
+# 0 +- 0.0006 (mxfp4) (mean +- sd), the worst parameter's gradient SQNR 21.1 +- 0.5 and 6.9 +- 0.5 dB:
+# each limit is >= 6 sd away.
+@pytest.mark.parametrize("precision,loss_tol,grad_sqnr", [("fp8", 0.001, 18.0), ("mxfp4", 0.004, 3.5)])
 def test_loss_and_grads_close_to_high_precision(precision, loss_tol, grad_sqnr):
     tokens = torch.randint(0, 128, (2, 33), generator=torch.Generator().manual_seed(1))
     ref = _model()

@@ -5,11 +5,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bounds import assert_within_gemm_bound
 from snip_ops import LinearPrecision, gemm, linear
 from snip_ops.formats import recipe
 from snip_ops.reference import fake_quantize
 
-# SQNR floors in dB against the float32 result, for (forward, input grad, weight grad) on N(0,1) data.
+# SQNR floors in dB against the float32 result, for (forward, input grad, weight grad) on N(0,1) data:
+# each is >= 7 standard deviations below its mean over data seeds 0-19 (the spread of the quantization
+# error from draw to draw, sd <= 0.24 dB); a GEMM's summation order moves an SQNR by < 1e-4 dB.
 SQNR_FLOORS = {
     "fp8": (29, 26, 26),
     "fp8_e5m2grad": (29, 22, 22),
@@ -53,16 +56,16 @@ def test_low_precision_matches_emulation_and_sqnr_floor(name):
     dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
     r = recipe(name)
     x2, dy2 = x.detach().reshape(-1, 300), dy.reshape(-1, 190)
-    # against the emulation on dequantized operands: the same numbers
-    assert torch.allclose(y.reshape(-1, 190), gemm.fprop(x2, w.detach(), r, 7, 3) + b.detach(), rtol=0, atol=1e-6)
+    # against the emulation on dequantized operands: the same operands in the same FP32 matmul calls
+    assert torch.equal(y.reshape(-1, 190), gemm.fprop(x2, w.detach(), r, 7, 3) + b.detach())
     assert torch.equal(dx.reshape(-1, 300), gemm.dgrad(dy2, w.detach(), r, 7, 3))
     assert torch.equal(dw, gemm.wgrad(dy2, x2, r, 7, 3))
-    assert torch.allclose(db, dy2.sum(0))
-    # against an FP64 GEMM of the dequantized fprop operands
-    xq = fake_quantize(x2, r.act, seed=7, offset=3 * 8 + 0).double()
-    wq = fake_quantize(w.detach(), r.weight, seed=7, offset=3 * 8 + 1).double()
-    y64 = xq @ wq.t() + b.detach().double()
-    assert ((y.reshape(-1, 190).double() - y64).norm() / y64.norm()).item() < 1e-6
+    assert torch.equal(db, dy2.sum(0))
+    # against an FP64 GEMM of the dequantized fprop operands: the FP32 GEMM's bound, then the bias add
+    xq = fake_quantize(x2, r.act, seed=7, offset=3 * 8 + 0)
+    wq = fake_quantize(w.detach(), r.weight, seed=7, offset=3 * 8 + 1)
+    y64 = xq.double() @ wq.double().t() + b.detach().double()
+    assert_within_gemm_bound(y.reshape(-1, 190), xq, wq, y64, rounded_to=(torch.float32,), what=name)
     # quality against the unquantized float32 result
     y0 = F.linear(x, w, b)
     dx0, dw0, _ = torch.autograd.grad(y0, (x, w, b), dy)
@@ -79,8 +82,9 @@ def test_each_gemm_uses_its_own_precision():
     assert torch.equal(y, fp8_y)
     dx_fp4, _ = torch.autograd.grad(linear(x, w, None, "fp4"), (x, w), dy)
     assert torch.equal(dx, dx_fp4)
-    _, dw_ref = torch.autograd.grad(F.linear(x, w), (x, w), dy)
-    assert torch.allclose(dw, dw_ref, atol=1e-5)
+    # bf16 recipe: the FP32 GEMM dy^T x of the unquantized operands
+    x2, dy2 = x.detach().reshape(-1, 300), dy.reshape(-1, 190)
+    assert_within_gemm_bound(dw, dy2.t(), x2.t(), what="wgrad")
 
 
 def test_bf16_inputs_give_bf16_outputs_and_grads():
@@ -89,7 +93,7 @@ def test_bf16_inputs_give_bf16_outputs_and_grads():
     dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
     assert y.dtype == dx.dtype == dw.dtype == db.dtype == torch.bfloat16
     y0 = F.linear(x.float(), w.float(), b.float())
-    assert sqnr(y, y0) > 25
+    assert sqnr(y, y0) > 25  # 31.6 +- 0.2 dB over data seeds 0-19
 
 
 def test_sr_offsets_change_gradients_not_forward():

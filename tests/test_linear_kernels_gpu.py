@@ -1,12 +1,14 @@
 """snip_ops.linear on the kernels (CUDA quantizer + qgemm) against the emulated path on the same GPU:
-the quantized operands are bit-identical, so outputs and gradients differ only by the GEMMs'
-summation order (relative Frobenius error, stated per test). Plus a 200-step training run of the
-small model in all-fp8 that must track bf16."""
+the quantized operands are bit-identical (checked first), so outputs and gradients differ only by the
+GEMMs' arithmetic: each side within its GEMM path's error bound (tests/bounds.py) of the exact product
+of those operands, then rounded alike. Plus a 200-step training run of the small model in all-fp8 that
+must track bf16."""
 
 import pytest
 import torch
 
-from snip_ops import _ext, gemm, linear
+from bounds import assert_within, gemm_error_bound, qgemm_error_bound, then_rounded
+from snip_ops import _ext, gemm, gemm_kernels as gk, linear, quantize
 from snip_ops.formats import recipe
 
 pytestmark = pytest.mark.gpu
@@ -20,8 +22,29 @@ def _needs_kernels():
         pytest.skip(f"quantize not compiled for this GPU: {_ext.build_info()}")
 
 
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
+def operand(t, spec, seed, offset, name, transpose=False):
+    """(the CUDA quantizer's QTensor, the emulation's float32 values) of operand `name`, checked equal."""
+    q = quantize(t, spec, seed=seed, offset=gemm.operand_offset(offset, name), transpose=transpose)
+    values = gemm.emulated_operand(t, spec, seed, offset, name, transpose)
+    assert torch.equal(q.dequantize(), values), f"operand {name}: the CUDA quantizer differs from the reference"
+    return q, values
+
+
+def assert_paths_agree(got, want, a, b, out_dtype, result_dtype, bias=None, what=""):
+    """got (kernel path) and want (emulation) both compute a . b^T of the QTensors a, b as a GEMM with
+    output `out_dtype`, then cast to `result_dtype`: the kernel within its qgemm path's bound (BF16 out
+    of the sm100 kernels), the emulation an FP64 GEMM rounded to FP32; with a bias, the bias added in
+    `result_dtype`."""
+    path = gk.select_path(a, b, out_dtype=out_dtype).path
+    da, db = a.dequantize(), b.dequantize()
+    ref = da.double() @ db.double().t()
+    kernel_dtype = torch.bfloat16 if path.startswith("sm100_") else torch.float32
+    kernel = then_rounded(qgemm_error_bound(path, da, db), ref, kernel_dtype, out_dtype, result_dtype)
+    emulated = then_rounded(gemm_error_bound(da, db, torch.float64), ref, torch.float32, out_dtype, result_dtype)
+    if bias is not None:
+        ref = ref + bias.double()
+        kernel, emulated = then_rounded(kernel, ref, result_dtype), then_rounded(emulated, ref, result_dtype)
+    assert_within(got, want, kernel + emulated, f"{what} ({path})")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -34,15 +57,26 @@ def test_kernel_path_matches_emulation(name, shape, dtype):
     w = (torch.randn(n, k, device=DEV, generator=gen) / k**0.5).to(dtype).requires_grad_()
     bias = torch.randn(n, device=DEV, generator=gen).to(dtype).requires_grad_()
     dy = torch.randn(b_, s_, n, device=DEV, generator=gen).to(dtype)
-    assert gemm.uses_kernels(x, recipe(name))
+    r = recipe(name)
+    assert gemm.uses_kernels(x, r)
     outs = []
     for emulate in (False, True):
         y = linear(x, w, bias, name, seed=5, offset=9, emulate=emulate)
         outs.append((y, *torch.autograd.grad(y, (x, w, bias), dy)))
-    tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: one output rounding on either side
     for got, want in zip(*outs):
         assert got.dtype == want.dtype and got.shape == want.shape
-        assert rel_err(got, want) < tol
+    (y, dx, dw, db), (y_e, dx_e, dw_e, db_e) = outs
+    x2, dy2, w_ = x.detach().reshape(-1, k), dy.reshape(-1, n), w.detach()
+    xq, _ = operand(x2, r.act, 5, 9, "x")
+    wq, _ = operand(w_, r.weight, 5, 9, "w")
+    dyq, _ = operand(dy2, r.grad, 5, 9, "dy")
+    wtq, _ = operand(w_, r.weight, 5, 9, "wt", transpose=True)
+    dytq, _ = operand(dy2, r.grad, 5, 9, "dyt", transpose=True)
+    xtq, _ = operand(x2, r.act, 5, 9, "xt", transpose=True)
+    assert_paths_agree(y.reshape(-1, n), y_e.reshape(-1, n), xq, wq, dtype, dtype, bias.detach(), "fprop")
+    assert_paths_agree(dx.reshape(-1, k), dx_e.reshape(-1, k), dyq, wtq, dtype, dtype, what="dgrad")
+    assert_paths_agree(dw, dw_e, dytq, xtq, torch.float32, dtype, what="wgrad")  # FP32, then w's dtype
+    assert torch.equal(db, db_e)  # the same reduction of the same dy
 
 
 def test_small_model_trains_in_fp8_on_the_kernels_like_bf16():

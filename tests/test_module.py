@@ -87,7 +87,7 @@ def test_converted_model_trains_and_sr_step_advances():
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    assert losses[-1] < losses[0]
+    assert losses[-1] < losses[0] - 1.0  # a drop of 2.5 +- 0.2 (mean +- sd over seeds 0-9)
     assert int(model.layers[0]["q_proj"].sr_step) == 20
 
 

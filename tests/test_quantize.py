@@ -36,7 +36,7 @@ def _same(a, b):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_dequantize_of_quantize_equals_fake_quantize(name, shape):
     spec = SPECS[name]
-    x = torch.randn(shape) * 10
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(7)) * 10
     q = quantize(x, spec, seed=1, offset=2)
     assert q.shape == shape
     d = dequantize(q)
@@ -164,7 +164,8 @@ def test_huge_and_tiny_magnitudes():
     q = quantize(x, SPECS["fp8_1x128"])
     d = q.dequantize()
     assert torch.isfinite(d).all()
-    assert d[0, 0] == pytest.approx(3e38, rel=0.07) and d[1, 0] == pytest.approx(1e-30, rel=0.07)
+    # each block's amax maps to 448 exactly: what is left is the scale's and the product's rounding
+    assert d[0, 0] == pytest.approx(float(x[0, 0]), rel=2**-22) and d[1, 0] == pytest.approx(float(x[1, 0]), rel=2**-22)
 
 
 @pytest.mark.parametrize("name", ["fp8_1x128", "mxfp4", "fp4_128x128_sr", "nvfp4"])

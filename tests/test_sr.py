@@ -82,8 +82,22 @@ def test_quantize_sr_determinism_and_offsets():
 
 
 def test_quantize_sr_is_unbiased_statistically():
-    x = torch.randn(64, 128)
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
     spec = QuantSpec(E2M1, (1, 128), ScaleKind.FP32, Rounding.SR)
-    mean = torch.stack([quantize(x, spec, seed=0, offset=k).dequantize() for k in range(200)]).mean(0)
-    rne_err = (quantize(x, spec.with_rounding("rne")).dequantize() - x).abs().mean()
-    assert (mean - x).abs().mean() < rne_err / 5
+    draws = 200
+    mean = torch.stack([quantize(x, spec, seed=0, offset=k).dequantize() for k in range(draws)]).double().mean(0)
+    # Each draw is one of x's two neighbours on the block's grid s * {0, .5, 1, 1.5, 2, 3, 4, 6}: the
+    # one toward zero (truncation) and the one a spacing further out, taken with probability p. So the
+    # mean of the draws has standard deviation sd = sqrt(p (1 - p) / draws) * spacing, E|mean - x| <= sd,
+    # and the average of |mean - x| over the n elements stays below mean(sd) + 6 sqrt(sum sd^2) / n.
+    trunc = quantize(x, spec.with_rounding(Rounding.TRUNC))
+    s = trunc.scales.double()
+    low = trunc.dequantize().double().abs() / s
+    spacing = torch.where(low < 2, 0.5, torch.where(low < 4, 1.0, 2.0)) * s
+    p = ((x.double().abs() - low * s) / spacing).clamp(0, 1)  # x on the grid: p ~ 0 up to rounding
+    sd = (p * (1 - p) / draws).sqrt() * spacing
+    bound = sd.mean() + 6 * sd.pow(2).sum().sqrt() / x.numel()
+    assert (mean - x.double()).abs().mean() < bound
+    # biased rounding fails it: round-to-nearest errs by ~spacing / 4 on average
+    rne_err = (quantize(x, spec.with_rounding("rne")).dequantize().double() - x.double()).abs().mean()
+    assert rne_err > 5 * bound

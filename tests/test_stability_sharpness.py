@@ -1,6 +1,8 @@
 """Sharpness metric (planner.stability.sharpness): KL -> 0 as rho -> 0, grows with rho, KL/rho^2 settles
 to a finite constant; variance reported; the measured model is left exactly as it was."""
 
+import math
+
 import pytest
 import torch
 
@@ -26,10 +28,12 @@ def test_kl_vanishes_with_rho_and_grows_with_it(model_and_batches, direction):
     rhos = [1e-4, 1e-3, 1e-2, 1e-1, 0.5]
     results = [sharpness(model, batches, rho, direction, random_directions=2) for rho in rhos]
     kls = [r.kl_mean for r in results]
+    # In float64 (high_precision), KL = S rho^2 + O(rho^3) with S ~ 0.02 (random) / 0.1 (gradient) on
+    # this model, and KL / rho^2 at rho 1e-4 and 1e-3 agree within 2e-4 (the O(rho) term; 5 model seeds).
     assert kls[0] < 1e-8                                   # ~0 for rho -> 0
     assert all(a < b for a, b in zip(kls, kls[1:]))        # grows with rho
     # quadratic regime: KL / rho^2 tends to a finite positive constant (the sharpness)
-    assert results[0].mean > 0 and results[0].mean == pytest.approx(results[1].mean, rel=0.02)
+    assert results[0].mean > 0 and results[0].mean == pytest.approx(results[1].mean, rel=0.002)
 
 
 def test_samples_variance_and_determinism(model_and_batches):
@@ -42,8 +46,9 @@ def test_samples_variance_and_determinism(model_and_batches):
     assert a["random"].n == 3 * len(batches) and a["gradient"].n == len(batches)
     for r in a.values():
         assert r.std > 0 and r.stderr == pytest.approx(r.std / r.n ** 0.5)
-    # the gradient is the direction that changes the outputs most, to first order
-    assert a["gradient"].mean > a["random"].mean
+    # the gradient is the direction that changes the outputs most, to first order: by more than 6
+    # standard errors of the difference
+    assert a["gradient"].mean - a["random"].mean > 6 * math.hypot(a["gradient"].stderr, a["random"].stderr)
 
 
 def test_measurement_leaves_the_model_untouched():

@@ -13,18 +13,22 @@ from snip_train.train import (PLAN_PRESETS, TrainConfig, apply_precision, linear
                               resolve_plan, train)
 
 FAST = dict(preset="tiny", batch_size=8, seq_len=64, max_bytes=1 << 20, eval_batches=2, progress=False)
+# Over seeds 0-11 (mean +- sd): the untrained val loss is ln 256 + 0.05 +- 0.06 on text (the targets
+# repeat, so one init's logits do not average out; test_model checks the init loss itself); over seeds
+# 0-7: ln 300 + 0.02 +- 0.01 on uniform tokens, and 30 steps cut the train loss by 2.65 +- 0.11 and the
+# val loss by 3.0 +- 0.1 (bf16, bf16_sr, bf16_nearest, fp8 alike). Every limit below is >= 6 sd away.
 
 
 def test_train_bf16_loss_falls_and_writes_outputs(tmp_path):
     s = train(TrainConfig(steps=30, lr=3e-3, eval_interval=15, out_dir=str(tmp_path), **FAST))
     assert s["steps"] == 30 and not s["diverged"]
-    assert abs(s["initial_val_loss"] - math.log(256)) < 0.1
+    assert abs(s["initial_val_loss"] - math.log(256)) < 0.45
     assert s["final_train_loss"] < s["initial_val_loss"] - 1.0
     assert s["final_val_loss"] < s["initial_val_loss"] - 1.0
     assert s["history"]["val"]["step"] == [0, 15, 30]
     assert s["plan"] is None and set(s["linear_precisions"].values()) == {"bf16"}
     on_disk = json.loads((tmp_path / "summary.json").read_text())
-    assert on_disk["final_val_loss"] == pytest.approx(s["final_val_loss"])
+    assert on_disk["final_val_loss"] == s["final_val_loss"]  # JSON round-trips floats exactly
     assert on_disk["config"]["steps"] == 30 and on_disk["tokens_per_s"] > 0
     png = (tmp_path / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,135 @@
+"""Floating-point error bounds for the tests' comparisons: a bound holds on every CPU, BLAS, thread
+count and GPU, and a real bug (a wrong scale, operand or transpose) lands orders of magnitude above it.
+
+GEMMs (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., section 3.1): K products
+formed and summed in a format of unit roundoff u, in ANY order (sequential, blocked, pairwise, split
+across threads, with or without FMA), satisfy elementwise
+
+    |fl(A B^T) - A B^T| <= gamma_K |A| |B|^T,   gamma_K = K u / (1 - K u),
+
+plus, for underflow, at most the format's smallest normal number per operation (2K of them), which
+also covers flush-to-zero. A later rounding of a result r to a format of unit roundoff u' (adding a
+bias, casting to BF16) adds u' |r| <= u' (|exact| + the bound so far).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Hopper FP8 tensor cores (wgmma, sm_90a) accumulate inside one 128-wide K block of the blockwise
+# kernel in reduced precision, then CUTLASS promotes the block's sum to FP32 and scales it. Assumed
+# (from DeepSeek-V3's report of ~14 retained bits, not yet measured on this kernel): each 32-wide
+# wgmma k-step, 4 per block, adds to the block accumulator with a relative error of at most 2^-13
+# of the magnitudes it has summed (an fp22-like accumulator: 13 fraction bits, truncated).
+TC_BLOCK_K = 128
+TC_STEP_K = 32
+TC_UNIT_ROUNDOFF = 2.0**-13
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps / 2
+
+
+def gamma(n: int, dtype: torch.dtype = torch.float32) -> float:
+    """Higham's gamma_n = n u / (1 - n u): the relative bound of n roundings in a row."""
+    nu = n * unit_roundoff(dtype)
+    if nu >= 1:
+        raise ValueError(f"gamma_{n} is unbounded for {dtype}")
+    return nu / (1 - nu)
+
+
+def abs_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a| @ |b|^T in float64 (a [M, K], b [N, K]): the magnitudes every GEMM bound scales with."""
+    return a.double().abs() @ b.double().abs().t()
+
+
+def gemm_error_bound(a: torch.Tensor, b: torch.Tensor, accumulate: torch.dtype = torch.float32) -> torch.Tensor:
+    """[M, N] float64 bound on |fl(a @ b^T) - a @ b^T| for a [M, K] and b [N, K] multiplied and summed
+    in `accumulate`, in any order."""
+    k = a.shape[-1]
+    # |a| @ |b|^T is itself summed in float64: non-negative terms, relative error <= gamma_K(float64).
+    mag = abs_product(a, b) * (1 + gamma(k, torch.float64))
+    return gamma(k, accumulate) * mag + 2 * k * torch.finfo(accumulate).tiny
+
+
+def tensor_core_fp8_gemm_error_bound(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[M, N] float64 bound on the Hopper blockwise FP8 GEMM (snip_C::fp8_gemm_nt_blockwise) against the
+    exact product of the dequantized operands a [M, K], b [N, K], under the accumulator assumption
+    above: the 4 k-steps of each 128-wide block cost 4 * 2^-13 of that block's |a| |b|; then per block
+    an FP32 scale product, the block sum times it, and its FP32 addition into the accumulator; plus
+    one rounding in each dequantized operand of the reference (code times an FP32 scale)."""
+    k = a.shape[-1]
+    steps_per_block = TC_BLOCK_K // TC_STEP_K
+    blocks = -(-k // TC_BLOCK_K)
+    mag = abs_product(a, b) * (1 + gamma(k, torch.float64))
+    per_block = steps_per_block * TC_UNIT_ROUNDOFF
+    promotion = gamma(blocks + 4, torch.float32)
+    return (per_block + promotion * (1 + per_block)) * mag + 2 * k * torch.finfo(torch.float32).tiny
+
+
+def qgemm_error_bound(path: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[M, N] float64 bound on |gemm_kernels.qgemm(qa, qb, path=path) - a @ b^T| for the dequantized
+    operands a [M, K], b [N, K], up to the path's own output (FP32; BF16 from the sm100 kernels, whose
+    rounding `then_rounded` adds). Per path:
+      sm90_fp8, sm90_fp4  the Hopper tensor-core bound above.
+      sm100_*             Blackwell block-scaled tcgen05 MMAs, assumed to accumulate in FP32 (CUTLASS's
+                          float accumulator; not yet run), products and block scales exact: gamma_K.
+      bf16_exact          BF16 tensor cores whose FP32 accumulation truncates instead of rounding
+                          (Fasi et al., 2021, on NVIDIA tensor cores): twice gamma_K.
+      fp32                an FP64 GEMM (on a GPU) rounded to FP32; on the CPU an FP32 GEMM.
+    sm100_* and bf16_exact add 6 roundings per product term: the nvfp4 tensor scales applied to the sum
+    (2) and the reference's dequantized operands (code times scale times tensor scale, 2 each)."""
+    if path in ("sm90_fp8", "sm90_fp4"):
+        return tensor_core_fp8_gemm_error_bound(a, b)
+    scales = gamma(6) * abs_product(a, b)
+    if path.startswith("sm100_"):
+        return gemm_error_bound(a, b) + scales
+    if path == "bf16_exact":
+        return 2 * gemm_error_bound(a, b) + scales
+    if path != "fp32":
+        raise ValueError(f"unknown GEMM path {path!r}")
+    if a.is_cuda:
+        return then_rounded(gemm_error_bound(a, b, torch.float64), a.double() @ b.double().t(), torch.float32)
+    return gemm_error_bound(a, b)
+
+
+def then_rounded(bound: torch.Tensor, ref: torch.Tensor, *dtypes: torch.dtype) -> torch.Tensor:
+    """The bound after the result is rounded to each of `dtypes` in turn (a bias added in FP32, a cast
+    to BF16): each rounding adds u |result| <= u (|ref| + bound)."""
+    for dtype in dtypes:
+        bound = bound + unit_roundoff(dtype) * (ref.double().abs() + bound)
+    return bound
+
+
+def assert_within(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor | float, what: str = "") -> None:
+    """|got - ref| <= bound elementwise (in float64); NaN exactly where ref is NaN."""
+    got, ref = got.double(), ref.double()
+    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    nan = torch.isnan(ref)
+    assert torch.equal(torch.isnan(got), nan), f"{what}: NaN positions differ"
+    bound = torch.as_tensor(bound, dtype=torch.float64, device=ref.device).expand_as(ref)
+    excess = torch.where(nan, 0.0, (got - ref).abs() - bound)
+    if (excess > 0).any():
+        i = int(excess.reshape(-1).argmax())
+        where = [int(v) for v in torch.unravel_index(torch.tensor(i), tuple(ref.shape))]
+        g, r, b = (float(t.reshape(-1)[i]) for t in (got, ref, bound))
+        raise AssertionError(f"{what}: {int((excess > 0).sum())} of {ref.numel()} elements exceed the bound; "
+                             f"worst at {where}: got {g!r}, ref {r!r}, |diff| {abs(g - r):.3e} > bound {b:.3e}")
+
+
+def assert_within_gemm_bound(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ref: torch.Tensor | None = None, *,
+                             rounded_to: tuple[torch.dtype, ...] = (), what: str = "") -> None:
+    """`got` is a @ b^T (a [M, K], b [N, K]) accumulated in FP32, then rounded to each of `rounded_to`.
+    `ref` defaults to the FP64 product, whose own error is part of the bound; a given `ref` (the
+    product plus a bias, in FP64) adds one FP64 rounding, which the FP32 rounding of that sum in
+    `rounded_to` covers many times over."""
+    if ref is None:
+        ref = a.double() @ b.double().t()
+    bound = gemm_error_bound(a, b) + gemm_error_bound(a, b, torch.float64)
+    assert_within(got, ref, then_rounded(bound, ref, *rounded_to), what)
+
+
+def relative_frobenius(bound: torch.Tensor, ref: torch.Tensor) -> float:
+    """||bound|| / ||ref||: how far an elementwise bound can move a relative Frobenius error."""
+    return float(bound.double().norm() / ref.double().norm()) if ref.numel() else 0.0
+
