@@ -30,8 +30,6 @@ is the planner's measured cost table (planner.cost.MeasuredCost.from_json reads 
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import zlib
 import sys
 import time
@@ -43,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cuda_timer import CudaTimer  # noqa: E402
+from device_results import write_device_result  # noqa: E402
 from snip_ops import _ext, gemm_kernels as gk  # noqa: E402
 from snip_ops.formats import recipe  # noqa: E402
 from snip_ops.quantize import quantize  # noqa: E402
@@ -211,11 +210,7 @@ def main():
     p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/<device>-gemm.json)")
     args = p.parse_args()
     result = run(args)
-    slug = re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-")
-    path = args.out or ROOT / "bench" / "results" / f"{slug}-gemm.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"\nwrote {path}")
+    print(f"\nwrote {write_device_result(result, 'gemm', args.out)}")
     for r in result["targets"]:
         extra = " ".join(f"{k[3:]}={v:.2f}x" for k, v in r.items() if k.startswith("vs_"))
         print(f"{r['shape']:>20} {r['gemm']:5} {'PASS' if r['pass'] else 'MISS'} {extra}")

@@ -171,9 +171,8 @@ def memory(args) -> None:
 
 
 def gpu(args) -> None:
-    import re
-
     from cuda_timer import CudaTimer
+    from device_results import write_device_result
     from snip_ops.optim import AdamW
 
     if not torch.cuda.is_available():
@@ -222,9 +221,7 @@ def gpu(args) -> None:
     name = torch.cuda.get_device_name()
     result = {**_meta("python bench/bench_optim.py gpu"), "device": name, "params": n, "entries": entries,
               "method": f"CUDA events, L2 flushed, median of {args.iters} after {args.warmup} warm-up steps"}
-    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    path = RESULTS / f"{slug}-optim.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    write_device_result(result, "optim")
     print(json.dumps(result, indent=1))
 
 

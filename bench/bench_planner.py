@@ -4,19 +4,17 @@
     python bench/bench_planner.py cost --ilp-only   # the ILP part alone (seconds)
     python bench/bench_planner.py validity    # Spearman(LD/L + lambda WD, true loss increase per fp4 layer)
     python bench/bench_planner.py quality     # 75% FP4 FLOPs: SNIP vs baselines vs bf16, from one checkpoint
-    python bench/bench_planner.py demo        # planner.integration.run_comparison wall time
+    python bench/bench_planner.py demo        # snip_train.planning.run_comparison wall time
 
 Each writes bench/results/cpu-planner-<name>.json (raw numbers, command, machine, date) and .md.
-The tiny model's training runs use bench/planner_fastquant.py, a float32 re-implementation of the
-reference quantizer (bit-exact for RNE, same-distribution SR), checked by `verify()` at start-up:
-the int64 reference (Philox SR bits included) made these runs ~4x slower when they were made (~1.4x
-with the current reference). `cost` times both.
+Every run emulates the low-precision GEMMs with the reference quantizer (Philox SR bits included).
+Results committed before the reference became as fast were made with a float32 stand-in that drew
+its SR bits from torch's generator (same distribution, other bits); each file names its quantizer.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import json
@@ -31,19 +29,18 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+sys.path.insert(0, str(ROOT))
 
-import planner_fastquant as fq  # noqa: E402
 from planner import Budget, DivergenceConfig, PlannerConfig, StatsConfig, baseline, measure, solve  # noqa: E402
 from planner.cost import LayerShape  # noqa: E402
 from planner.ilp import DEFAULT_LAMBDA  # noqa: E402
-from planner.integration import make_hooks, run_comparison  # noqa: E402
 from planner.stats import LayerStats, PlannerStats  # noqa: E402
 from snip_ops import LinearPrecision, SnipLinear, convert  # noqa: E402
 from snip_ops import gemm as snip_gemm  # noqa: E402
 from snip_ops.formats import GEMMS, Rounding, recipe  # noqa: E402
 from snip_train.data import TokenData  # noqa: E402
 from snip_train.model import Llama, LlamaConfig  # noqa: E402
+from snip_train.planning import make_hooks, run_comparison  # noqa: E402
 from snip_train.train import TrainConfig, train  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -250,19 +247,16 @@ def bench_cost(args) -> None:
     batch = calibration_batch()
     model, opt, layers = model_at(ckpt)
     timing = {"bf16_step_s": step_time(model, opt, batch)}
-    for quantizer in ("fast", "reference"):
-        model, opt, layers = model_at(ckpt)
-        with fq.installed() if quantizer == "fast" else contextlib.nullcontext():
-            plan = solve(stats_at(ckpt, 1), BUDGET)
-            plan.apply(model)
-            timing[f"snip_plan_step_s_{quantizer}_quantizer"] = step_time(model, opt, batch, reps=3)
-            for draws in (1, 2):
-                best, breakdown = measure_time(model, layers, opt, batch, draws, reps=3)
-                timing[f"measure_s_draws{draws}_{quantizer}_quantizer"] = best
-                timing[f"measure_breakdown_draws{draws}_{quantizer}_quantizer"] = breakdown
-                timing[f"measure_over_bf16_step_draws{draws}_{quantizer}_quantizer"] = best / timing["bf16_step_s"]
-                timing[f"measure_over_snip_step_draws{draws}_{quantizer}_quantizer"] = \
-                    best / timing[f"snip_plan_step_s_{quantizer}_quantizer"]
+    model, opt, layers = model_at(ckpt)
+    plan = solve(stats_at(ckpt, 1), BUDGET)
+    plan.apply(model)
+    timing["snip_plan_step_s"] = step_time(model, opt, batch, reps=3)
+    for draws in (1, 2):
+        best, breakdown = measure_time(model, layers, opt, batch, draws, reps=3)
+        timing[f"measure_s_draws{draws}"] = best
+        timing[f"measure_breakdown_draws{draws}"] = breakdown
+        timing[f"measure_over_bf16_step_draws{draws}"] = best / timing["bf16_step_s"]
+        timing[f"measure_over_snip_step_draws{draws}"] = best / timing["snip_plan_step_s"]
     timing["small_preset"] = small_preset_cost()
     write("cost", {"ilp": ilp, "measurement": timing}, "\n".join(ilp_markdown(ilp) + measurement_markdown(timing, "")))
 
@@ -329,52 +323,51 @@ def bench_validity(args) -> None:
     ckpt = checkpoint()
     stats = {d: stats_at(ckpt, d) for d in (1, 2, 8)}  # the planner as it runs: the reference quantizer
     names = [s.name for s in stats[8].layers]
-    with fq.installed():
-        # ground truth 1: forward-only loss increase, fprop of one layer in fp4, on 8 validation batches
-        model, _, layers = model_at(ckpt)
-        data = TokenData.from_path(None, max_bytes=RUN["max_bytes"])
-        gen = torch.Generator().manual_seed(0x5EED)
-        val = [data.get_batch("val", RUN["batch_size"], RUN["seq_len"], gen) for _ in range(8)]
+    # ground truth 1: forward-only loss increase, fprop of one layer in fp4, on 8 validation batches
+    model, _, layers = model_at(ckpt)
+    data = TokenData.from_path(None, max_bytes=RUN["max_bytes"])
+    gen = torch.Generator().manual_seed(0x5EED)
+    val = [data.get_batch("val", RUN["batch_size"], RUN["seq_len"], gen) for _ in range(8)]
 
-        def val_losses():
-            with torch.no_grad():
-                return [float(model.loss(b)) for b in val]
-        base = val_losses()
-        fwd, fwd_sr = {}, {}  # per layer: per-batch (RNE) and per-draw (SR) loss increases
-        # (a') the same with the fprop operands stochastically rounded (unbiased noise, fresh bits per
-        # forward), averaged over SR_DRAWS passes: the quantity LD estimates, E[L(y + noise)] - L(y),
-        # without the first-order term g . delta of one fixed round-to-nearest perturbation.
-        fp4 = recipe("fp4")
-        fp4_sr = dataclasses.replace(fp4, name="fp4_sr", act=dataclasses.replace(fp4.act, rounding=Rounding.SR),
-                                     weight=dataclasses.replace(fp4.weight, rounding=Rounding.SR))
+    def val_losses():
+        with torch.no_grad():
+            return [float(model.loss(b)) for b in val]
+    base = val_losses()
+    fwd, fwd_sr = {}, {}  # per layer: per-batch (RNE) and per-draw (SR) loss increases
+    # (a') the same with the fprop operands stochastically rounded (unbiased noise, fresh bits per
+    # forward), averaged over SR_DRAWS passes: the quantity LD estimates, E[L(y + noise)] - L(y),
+    # without the first-order term g . delta of one fixed round-to-nearest perturbation.
+    fp4 = recipe("fp4")
+    fp4_sr = dataclasses.replace(fp4, name="fp4_sr", act=dataclasses.replace(fp4.act, rounding=Rounding.SR),
+                                 weight=dataclasses.replace(fp4.weight, rounding=Rounding.SR))
+    for n in names:
+        layers[n].set_precision(LinearPrecision(fprop="fp4", dgrad="bf16", wgrad="bf16"))
+        fwd[n] = [q - b for q, b in zip(val_losses(), base)]
+        layers[n].set_precision(LinearPrecision(fprop=fp4_sr, dgrad="bf16", wgrad="bf16"))
+        fwd_sr[n] = [statistics.mean(val_losses()) - statistics.mean(base) for _ in range(SR_DRAWS)]
+        layers[n].set_precision("bf16")
+    first = first_order_terms(model, layers, names, val)
+    # ground truth 2: K training steps with one layer (all three GEMMs) in fp4, minus the same in bf16
+    # Two readings per run, both paired with a bf16 run on the same batches: the mean training-loss
+    # increase over the K steps (the loss the quantized layer trains on, forward error included) and
+    # the final validation-loss increase.
+    cache = CACHE / f"validity-{args.steps}.json"  # {"seed/layer": {"train": d, "val": d}}
+    done = json.loads(cache.read_text()) if cache.exists() else {}
+    truth = {n: {"train": [], "val": []} for n in names}
+    for seed in args.seeds:
+        ref = None
         for n in names:
-            layers[n].set_precision(LinearPrecision(fprop="fp4", dgrad="bf16", wgrad="bf16"))
-            fwd[n] = [q - b for q, b in zip(val_losses(), base)]
-            layers[n].set_precision(LinearPrecision(fprop=fp4_sr, dgrad="bf16", wgrad="bf16"))
-            fwd_sr[n] = [statistics.mean(val_losses()) - statistics.mean(base) for _ in range(SR_DRAWS)]
-            layers[n].set_precision("bf16")
-        first = first_order_terms(model, layers, names, val)
-        # ground truth 2: K training steps with one layer (all three GEMMs) in fp4, minus the same in bf16
-        # Two readings per run, both paired with a bf16 run on the same batches: the mean training-loss
-        # increase over the K steps (the loss the quantized layer trains on, forward error included) and
-        # the final validation-loss increase.
-        cache = CACHE / f"validity-{args.steps}.json"  # {"seed/layer": {"train": d, "val": d}}
-        done = json.loads(cache.read_text()) if cache.exists() else {}
-        truth = {n: {"train": [], "val": []} for n in names}
-        for seed in args.seeds:
-            ref = None
-            for n in names:
-                key = f"{seed}/{n}"
-                if key not in done:
-                    ref = ref or continue_from(ckpt, args.steps, seed, evals=0)
-                    run = continue_from(ckpt, args.steps, seed, precision={n: "fp4"}, evals=0)
-                    done[key] = {"train": statistics.mean(run["history"]["train"]["loss"])
-                                 - statistics.mean(ref["history"]["train"]["loss"]),
-                                 "val": run["final_val_loss"] - ref["final_val_loss"]}
-                    cache.write_text(json.dumps(done))
-                    print(f"seed {seed} {n}: train {done[key]['train']:+.5f} val {done[key]['val']:+.5f}", flush=True)
-                for k in ("train", "val"):
-                    truth[n][k].append(done[key][k])
+            key = f"{seed}/{n}"
+            if key not in done:
+                ref = ref or continue_from(ckpt, args.steps, seed, evals=0)
+                run = continue_from(ckpt, args.steps, seed, precision={n: "fp4"}, evals=0)
+                done[key] = {"train": statistics.mean(run["history"]["train"]["loss"])
+                             - statistics.mean(ref["history"]["train"]["loss"]),
+                             "val": run["final_val_loss"] - ref["final_val_loss"]}
+                cache.write_text(json.dumps(done))
+                print(f"seed {seed} {n}: train {done[key]['train']:+.5f} val {done[key]['val']:+.5f}", flush=True)
+            for k in ("train", "val"):
+                truth[n][k].append(done[key][k])
     trained = [statistics.mean(truth[n]["train"]) for n in names]
     trained_val = [statistics.mean(truth[n]["val"]) for n in names]
     fwd_mean = {n: statistics.mean(fwd[n]) for n in names}
@@ -463,30 +456,29 @@ def bench_quality(args) -> None:
     ckpt = checkpoint()
     out = CACHE / "quality.json"
     done = json.loads(out.read_text()) if out.exists() and args.resume else {}
-    with fq.installed():
-        stats = stats_at(ckpt, 2)
-        static = {name: baseline(name, stats, BUDGET) for name in
-                  ("uniform_fp4", "first_last", "layer_type", "min_error", "random")}
-        snip_lambdas = {"snip_lam1": 1.0, "snip_lam0.01": 0.01, "snip_lam0.001": 0.001}
-        for seed in args.seeds:
-            for label in ["bf16", *snip_lambdas, *static]:
-                key = f"{label}/{seed}"
-                if key in done:
-                    continue
-                t = time.perf_counter()
-                if label in snip_lambdas:
-                    hooks = make_hooks(PlannerConfig(budget=BUDGET, interval=args.interval, lam=snip_lambdas[label]),
-                                       show_table=False, log=lambda m: None)
-                    s = continue_from(ckpt, args.steps, seed, hooks=hooks)
-                    extra = {"plans": [dict(h) for h in hooks.planner.history],
-                             "final_plan": plan_dict(hooks.planner.plan)}
-                else:
-                    s = continue_from(ckpt, args.steps, seed, precision=plan_dict(static[label]) if label != "bf16" else None)
-                    extra = {}
-                done[key] = {"final_val_loss": s["final_val_loss"], "val": s["history"]["val"], "time_s": time.perf_counter() - t,
-                             **extra}
-                out.write_text(json.dumps(done))
-                print(f"{key}: val {s['final_val_loss']:.4f} ({time.perf_counter() - t:.0f}s)", flush=True)
+    stats = stats_at(ckpt, 2)
+    static = {name: baseline(name, stats, BUDGET) for name in
+              ("uniform_fp4", "first_last", "layer_type", "min_error", "random")}
+    snip_lambdas = {"snip_lam1": 1.0, "snip_lam0.01": 0.01, "snip_lam0.001": 0.001}
+    for seed in args.seeds:
+        for label in ["bf16", *snip_lambdas, *static]:
+            key = f"{label}/{seed}"
+            if key in done:
+                continue
+            t = time.perf_counter()
+            if label in snip_lambdas:
+                hooks = make_hooks(PlannerConfig(budget=BUDGET, interval=args.interval, lam=snip_lambdas[label]),
+                                   show_table=False, log=lambda m: None)
+                s = continue_from(ckpt, args.steps, seed, hooks=hooks)
+                extra = {"plans": [dict(h) for h in hooks.planner.history],
+                         "final_plan": plan_dict(hooks.planner.plan)}
+            else:
+                s = continue_from(ckpt, args.steps, seed, precision=plan_dict(static[label]) if label != "bf16" else None)
+                extra = {}
+            done[key] = {"final_val_loss": s["final_val_loss"], "val": s["history"]["val"], "time_s": time.perf_counter() - t,
+                         **extra}
+            out.write_text(json.dumps(done))
+            print(f"{key}: val {s['final_val_loss']:.4f} ({time.perf_counter() - t:.0f}s)", flush=True)
     labels = ["bf16", *snip_lambdas, *static]
     table = {}
     for label in labels:
@@ -529,17 +521,16 @@ def bench_demo(args) -> None:
     """The main job (run_comparison: bf16 vs SNIP vs layer_type) end to end, timed."""
     out = CACHE / "demo"
     t = time.perf_counter()
-    with fq.installed() if args.quantizer == "fast" else contextlib.nullcontext():
-        runs = run_comparison(out, PlannerConfig(budget=BUDGET, interval=args.interval), "layer_type",
-                              preset="tiny", steps=args.steps, batch_size=args.batch, progress=False)
+    runs = run_comparison(out, PlannerConfig(budget=BUDGET, interval=args.interval), "layer_type",
+                          preset="tiny", steps=args.steps, batch_size=args.batch, progress=False)
     total = time.perf_counter() - t
     res = {label: {"final_val_loss": s["final_val_loss"], "time_s": s["time_s"], "step_time_s": s["step_time_s"]}
            for label, s in runs.items()}
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    write("demo", {"steps": args.steps, "batch_size": args.batch, "interval": args.interval, "quantizer": args.quantizer,
+    write("demo", {"steps": args.steps, "batch_size": args.batch, "interval": args.interval, "quantizer": "reference",
                    "total_s": total, "runs": res, "files": files},
-          f"planner.integration.run_comparison (bf16 vs SNIP vs layer_type), tiny preset, {args.steps} steps, batch "
-          f"{args.batch} x 128, {args.quantizer} quantizer: {total:.0f}s in total\n\n```\n{json.dumps(res, indent=1)}\n```"
+          f"snip_train.planning.run_comparison (bf16 vs SNIP vs layer_type), tiny preset, {args.steps} steps, batch "
+          f"{args.batch} x 128, reference quantizer: {total:.0f}s in total\n\n```\n{json.dumps(res, indent=1)}\n```"
           f"\n\nfiles: {files}")
 
 
@@ -551,7 +542,6 @@ def main() -> None:
     p.add_argument("--interval", type=int, default=None, help="SNIP re-plan interval")
     p.add_argument("--resume", action="store_true", help="quality: skip runs already in the cache")
     p.add_argument("--batch", type=int, default=16, help="demo: sequences per step (default: %(default)s)")
-    p.add_argument("--quantizer", choices=("fast", "reference"), default="fast", help="demo: GEMM emulation")
     p.add_argument("--ilp-only", action="store_true",
                    help="cost: re-time the ILP only, keeping the measurement section of the last full run")
     p.add_argument("--threads", type=int, default=1,
@@ -563,7 +553,6 @@ def main() -> None:
     args.steps = args.steps if args.steps is not None else steps
     args.seeds = args.seeds or seeds
     args.interval = args.interval or interval
-    print("fast quantizer check:", fq.verify(), flush=True)
     {"cost": bench_cost, "validity": bench_validity, "quality": bench_quality, "demo": bench_demo}[args.what](args)
 
 

@@ -24,8 +24,6 @@ median of `--iters` calls after `--warmup` calls; random normal data.
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -36,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cuda_timer import CudaTimer  # noqa: E402
+from device_results import write_device_result  # noqa: E402
 from snip_ops import _ext  # noqa: E402
 from snip_ops.formats import E2M1, E4M3, QuantSpec, Rounding, ScaleKind  # noqa: E402
 
@@ -206,11 +205,7 @@ def main():
     p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/<device>-quant.json)")
     args = p.parse_args()
     result = run(args)
-    slug = re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-")
-    path = args.out or ROOT / "bench" / "results" / f"{slug}-quant.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"\nwrote {path}")
+    print(f"\nwrote {write_device_result(result, 'quant', args.out)}")
     missed = [f"{e['shape']} {e['variant']}" for e in result["entries"] if e["pass"] is False]
     print("all targets met" if not missed else "targets missed: " + ", ".join(missed))
 

@@ -23,23 +23,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.stability.cli import add_sweep_parser, spec_from_args  # noqa: E402
-from planner.stability.sweep import load_records  # noqa: E402
+from snip_train.stability.command import add_sweep_arguments, run_sweep_command, spec_from_args  # noqa: E402
+from snip_train.stability.sweep import load_records  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command")
-    sweep_parser = add_sweep_parser(sub)
-    sweep_parser.add_argument("--notes", help="Markdown file appended to the report (interpretation, caveats)")
-    sweep_parser.set_defaults(preset="cpu")
+    add_sweep_arguments(parser)
+    parser.add_argument("--notes", help="Markdown file appended to the report (interpretation, caveats)")
+    parser.set_defaults(preset="cpu")
     argv = sys.argv[1:]
-    args = parser.parse_args(["sweep", *argv])
+    args = parser.parse_args(argv)
     # The recorded command is what reproduces the numbers; the notes file does not affect them.
     shown = [a for i, a in enumerate(argv) if a != "--notes" and (i == 0 or argv[i - 1] != "--notes")]
     args.command_line = " ".join(["python bench/bench_stability.py", *shown])
     args.out = args.out or str(ROOT / "runs" / f"bench-stability-{args.preset}")
-    status = args.func(args)
+    status = run_sweep_command(args)
 
     device = "gpu" if (args.device or "").startswith("cuda") or args.preset.startswith("gpu") else "cpu"
     stem = ROOT / "bench" / "results" / f"{device}-stability-{datetime.date.today().isoformat()}"

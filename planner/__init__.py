@@ -9,8 +9,10 @@
     plan.save("plan.json")
 
 Modules: stats (recording), qerror (quantization errors), divergence (LD / WD), cost (shapes, cost
-models, budgets), ilp (the PuLP/CBC solver), baselines, plan (Plan JSON), controller (SnipPlanner),
-report (table / heat map / loss curves), integration (hooks and CLI flags for snip_train).
+models, budgets), ilp (the PuLP/CBC formulation), exact (its optimality certificate), baselines, plan
+(Plan JSON and its table), controller (SnipPlanner). `planner.stability` holds the training-stability
+numerics (eXmY simulation, sharpness, the divergence rule). The planner depends on snip_ops only;
+the demo trainer, the command line and every picture are the application's (snip_train).
 
 The names below are imported lazily, so that subpackages (e.g. planner.stability) do not pay for
 PuLP and the rest when they are imported on their own.

@@ -37,7 +37,7 @@ def round_to_format(
     exponent field (FP32 subnormals and zeros read as 0 and take the quantum of 2^emin), so
     `t = |v| / q` is exact -- its integer part is the kept significand, its fraction the dropped
     bits -- and the rounding rule acts on `t`. `floor(frac(t) * 2^R)` is exactly the top R dropped
-    bits, so SR is the integer rule of the module docstring (tests/test_cast.py checks it against an
+    bits, so SR is the integer rule of the module docstring (tests/ops/test_cast.py checks it against an
     int64 bit-manipulation oracle). Needs gradual underflow (PyTorch's default; not
     `torch.set_flush_denormal(True)`).
     """

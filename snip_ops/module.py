@@ -58,7 +58,7 @@ class SnipLinear(nn.Linear):
         if self.precision.is_bf16:
             return nn.functional.linear(x, self.weight, self.bias)
         # `+ 0` rather than `.clone()`: under torch.compile a clone of a tensor mutated right after
-        # was seen to read the mutated value (tests/test_compile.py pins the eager semantics).
+        # was seen to read the mutated value (tests/ops/test_compile.py pins the eager semantics).
         offset = self.sr_step + 0
         self.sr_step.add_(1)
         return linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset, emulate=self.emulate)

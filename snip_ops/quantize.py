@@ -1,6 +1,6 @@
 """`snip_ops.quantize` and friends: the CUDA kernels (snip_C::quantize / snip_C::dequantize) where
 they exist for the spec and the device, the PyTorch reference otherwise. Both give bit-identical
-results (tests/test_quant_kernels_gpu.py checks it on a GPU).
+results (tests/ops/test_quant_kernels_gpu.py checks it on a GPU).
 
 Kernel-backed specs (`kernel_supports`): elements E4M3, E5M2, E2M1; blocks 1x16, 1x32, 1x128,
 16x16, 128x128; scales FP32, POW2, E8M0, NVFP4 (E2M1 only); rounding RNE and SR. Everything else

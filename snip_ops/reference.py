@@ -102,7 +102,7 @@ def divide_by(t: torch.Tensor, divisor: float) -> torch.Tensor:
 
     On CUDA, PyTorch computes `tensor / python_float` as `tensor * (1 / divisor)`, which is one ulp off
     the true quotient for some inputs; a divisor tensor on `t`'s own device gets true division
-    everywhere. tests/test_reference_division.py fails if a scalar divisor comes back.
+    everywhere. tests/ops/test_reference_division.py fails if a scalar divisor comes back.
     """
     return t / torch.full((), divisor, dtype=t.dtype, device=t.device)
 

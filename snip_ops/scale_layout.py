@@ -16,7 +16,7 @@
   bytes (E4M3 0.0, E8M0 2^-127: finite, so zero-padded K codes contribute exactly 0 to the GEMM).
   The result is returned as a [ceil(rows/128)*128, ceil(n/4)*4] tensor of the scale dtype whose
   memory is in that order (not row-major!): its `numel()` is what CUTLASS's
-  `size(filter_zeros(layout_SF))` allocates. tests/test_scale_layout.py checks the formula against
+  `size(filter_zeros(layout_SF))` allocates. tests/ops/test_scale_layout.py checks the formula against
   offsets printed by CuTe itself.
 
 Both directions are exact permutations (bit patterns are moved, never converted).

@@ -1,10 +1,11 @@
-"""The ``snip`` command line (also ``python -m snip_train``).
+"""The ``snip`` command line (also ``python -m snip_train``): the one place commands are registered.
 
     snip train --preset tiny --steps 300 --precision fp4_mlp
 
-Subcommands live in the ``COMMANDS`` registry: each is a name, a one-line help, a function
-that adds its arguments to an ``argparse`` sub-parser, and a function that runs it and returns
-an exit code: ``train`` and ``sweep`` (the stability sweep of ``planner.stability``).
+Subcommands live in the ``COMMANDS`` registry: each is a name, a one-line help, a function that
+adds its arguments to an ``argparse`` sub-parser, and a function that runs it and returns an exit
+code: ``train`` (here, with the planner flags of ``planning``), ``sweep`` (``stability.command``)
+and ``bench`` (the scripts of ``bench/``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class Command:
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    description: str | None = None  # the sub-command's --help text (default: `help`)
 
 
 def _parse_size(s: str) -> int | None:
@@ -84,7 +86,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save", action="store_true", help="also save the model weights (model.pt)")
     g.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms (GPU)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
-    from planner.integration import add_planner_args
+    from .planning import add_planner_args
 
     add_planner_args(p)
 
@@ -92,8 +94,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
 def _run_train(args: argparse.Namespace) -> int:
     import torch
 
-    from planner.integration import config_from_args, run_comparison
-
+    from .planning import config_from_args, run_comparison
     from .train import TrainConfig, train
 
     if args.threads:
@@ -165,9 +166,9 @@ def _run_bench(args: argparse.Namespace) -> int:
 # registry
 # ---------------------------------------------------------------------------------------
 def _sweep_command() -> Command:
-    from planner.stability.cli import SWEEP_HELP, add_sweep_arguments, run_sweep_command
+    from .stability.command import SWEEP_DESCRIPTION, SWEEP_HELP, add_sweep_arguments, run_sweep_command
 
-    return Command(SWEEP_HELP, add_sweep_arguments, run_sweep_command)
+    return Command(SWEEP_HELP, add_sweep_arguments, run_sweep_command, SWEEP_DESCRIPTION)
 
 
 COMMANDS: dict[str, Command] = {
@@ -183,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="snip", description="snip: adaptive FP8/FP4 mixed-precision LLM training.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, cmd in COMMANDS.items():
-        sp = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        sp = sub.add_parser(name, help=cmd.help, description=cmd.description or cmd.help)
         cmd.add_arguments(sp)
         sp.set_defaults(_run=cmd.run)
     return parser

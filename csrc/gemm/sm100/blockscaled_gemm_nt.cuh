@@ -8,7 +8,7 @@
 //
 // NOT RUN: no Blackwell GPU was available while writing this; these kernels are compiled and
 // disassembled only (csrc/gemm/README.md). Their host-side plumbing -- scale-factor layouts, shape
-// and alignment checks -- is unit-tested on the CPU (tests/test_gemm_dispatch.py).
+// and alignment checks -- is unit-tested on the CPU (tests/ops/test_gemm_dispatch.py).
 //
 // Included by one .cu per kernel (sm100/{nvfp4,mxfp4,mxfp8}_gemm_nt.cu).
 #pragma once

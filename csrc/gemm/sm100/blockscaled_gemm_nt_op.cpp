@@ -1,7 +1,7 @@
 // Torch side of snip_C::{nvfp4,mxfp4,mxfp8}_gemm_nt (Blackwell sm_100a): argument checks, output
 // and workspace allocation, stream, the CPU entry (same checks, then a pointer to the fallback)
 // and the Meta (fake) functions. Never run on a GPU (none with sm_100 was available); the checks
-// and shapes are tested on the CPU (tests/test_gemm_dispatch.py).
+// and shapes are tested on the CPU (tests/ops/test_gemm_dispatch.py).
 #include <optional>
 #include <string>
 #include <vector>

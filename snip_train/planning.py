@@ -1,12 +1,12 @@
-"""Glue between the planner and `snip_train` (the training loop and the `snip` CLI).
+"""The planner in the demo trainer, through the planner's public surface only.
 
     hooks = make_hooks(PlannerConfig(budget=Budget.parse("fp4=0.75"), interval=100), out_dir="runs/x")
     summary = train(TrainConfig(..., precision="bf16", **hooks.train_kwargs()))
     hooks.finish()                      # plan.json (also written at every re-plan) + plan.png heat map
 
-`add_planner_args(parser)` / `config_from_args(args)` give the CLI flags; `run_comparison(...)` is the
-"main command" job: bf16 vs SNIP vs one baseline on the same data, with the plan table, plan JSON,
-loss curves and heat map.
+`add_planner_args(parser)` / `config_from_args(args)` are the `snip train` flags; `run_comparison(...)`
+is the main job: bf16 vs SNIP vs one baseline on the same data, with the plan table, plan JSON, loss
+curves and heat map.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .baselines import BASELINES, baseline
-from .controller import PlannerConfig, SnipPlanner
-from .cost import Budget, MeasuredCost
-from .plan import Plan
-from .report import plot_loss_comparison, plot_plan_heatmap
+from planner import BASELINES, Budget, MeasuredCost, Plan, PlannerConfig, SnipPlanner, baseline
+
+from .plots import plot_loss_comparison, plot_plan_heatmap
+from .train import TrainConfig, train
 
 __all__ = ["PlannerHooks", "make_hooks", "add_planner_args", "config_from_args", "run_comparison"]
 
@@ -33,7 +32,7 @@ def _tqdm_write(msg: str) -> None:
 
 @dataclass
 class PlannerHooks:
-    """`on_setup` / `on_step` callbacks for snip_train.train that run a SnipPlanner."""
+    """`on_setup` / `on_step` callbacks for `train` that run a SnipPlanner."""
 
     config: PlannerConfig
     out_dir: Path | None = None
@@ -125,14 +124,12 @@ def config_from_args(args: argparse.Namespace) -> PlannerConfig | None:
 
 def run_comparison(out_dir: str | Path, config: PlannerConfig | None = None, baseline_name: str = "layer_type",
                    log: Callable[[str], None] | None = None, **train_kwargs) -> dict[str, dict]:
-    """Train bf16, SNIP and one baseline with the same `train_kwargs` (snip_train TrainConfig fields).
+    """Train bf16, SNIP and one baseline with the same `train_kwargs` (TrainConfig fields).
 
     The baseline plan is made once, at the budget and from the statistics of SNIP's first plan.
     Writes under `out_dir`: snip/plan.json, snip/plan.png, baseline_plan.json, loss_comparison.png
     and each run's own summary.json / loss.png. Returns {label: summary}.
     """
-    from snip_train.train import TrainConfig, train
-
     out = Path(out_dir)
     config = config or PlannerConfig()
     log = log or print
@@ -140,7 +137,7 @@ def run_comparison(out_dir: str | Path, config: PlannerConfig | None = None, bas
     hooks = make_hooks(config, out / "snip")
     runs = {"SNIP": train(TrainConfig(**train_kwargs, precision="bf16", out_dir=str(out / "snip"), name="snip",
                                       **hooks.train_kwargs()))}
-    plan = hooks.finish()
+    hooks.finish()
     base = baseline(baseline_name, hooks.first_plan.stats, config.budget, config.candidates[0], config.candidates[-1],
                     lam=config.lam)
     base.save(out / "baseline_plan.json")

@@ -1,14 +1,14 @@
-"""Sweep runner (planner.stability.sweep / cell / divergence / analysis / cli): divergence detection on a
-deliberately unstable setting, resumability, parallel workers, offline baseline rule, outputs."""
+"""The stability sweep (snip_train.stability: sweep / cell / analysis / command): divergence detection on
+a deliberately unstable setting, resumability, parallel workers, offline baseline rule, outputs."""
 
 import dataclasses
 import json
-import math
 
-from planner.stability import Cell, DivergenceRule, LossMonitor, SweepSpec, TrainingSetup, run_sweep
-from planner.stability.analysis import judge, summarize
-from planner.stability.cli import main as cli_main
+from planner.stability import DivergenceRule
+from snip_train import cli
 from snip_train.model import LlamaConfig
+from snip_train.stability import Cell, SweepSpec, TrainingSetup, run_sweep
+from snip_train.stability.analysis import judge, summarize
 
 MICRO = LlamaConfig(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16)
 SETUP = TrainingSetup(
@@ -21,17 +21,6 @@ STABLE_LR, UNSTABLE_LR = 3e-3, 1e3  # AdamW at lr 1000 moves every weight by ~10
 def _spec(**kw):
     return SweepSpec(**{"precisions": ("fp32", "e8m3"), "learning_rates": (STABLE_LR, UNSTABLE_LR),
                         "seeds": (0,), "setup": SETUP, **kw})
-
-
-def test_loss_monitor_rules():
-    rule = DivergenceRule(blowup_nats=1.0, blowup_patience=3, spike_ratio=1.5)
-    m = LossMonitor(rule, initial_loss=5.0)
-    assert not any(m.update(i, v) for i, v in enumerate([5.0, 4.0, 3.0, 9.0, 3.0, 2.9], start=1))
-    assert m.spike_steps == [4] and m.reason is None                      # a spike that recovers
-    m = LossMonitor(rule, initial_loss=5.0)
-    assert [m.update(i, 60.0) for i in range(1, 4)] == [False, False, True] and m.reason == "blow-up"
-    m = LossMonitor(rule, initial_loss=5.0)
-    assert m.update(1, math.nan) and m.reason == "non-finite"
 
 
 def test_unstable_setting_diverges_and_sweep_resumes(tmp_path):
@@ -102,13 +91,13 @@ def test_cli_writes_report_heatmaps_and_resumes(tmp_path, capsys):
     args = ["sweep", "--preset", "cpu-quick", "--precisions", "fp32,e5m2", "--lrs", "0.01", "--seeds", "0",
             "--steps", "4", "--batch-size", "2", "--seq-len", "16", "--sharpness-every", "2",
             "--workers", "1", "--threads", "1", "--no-progress", "--out", str(tmp_path)]
-    assert cli_main(args) == 0
+    assert cli.main(args) == 0
     for name in ("summary.json", "report.md", "heatmap.png", "sharpness.png", "sweep.json"):
         assert (tmp_path / name).stat().st_size > 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["precisions"] == ["fp32", "e5m2"] and summary["cells"] == 2
     assert "| e5m2 |" in (tmp_path / "report.md").read_text()
-    assert cli_main(args + ["--report-only"]) == 0
+    assert cli.main(args + ["--report-only"]) == 0
     assert "0 trained now, 2 reused" in capsys.readouterr().out
 
 

@@ -1,6 +1,5 @@
-"""SnipPlanner in a training loop, plan JSON round trips, resume, baselines, generic models, CLI glue."""
+"""SnipPlanner in a training loop, plan JSON round trips, resume, baselines, generic models."""
 
-import argparse
 import json
 
 import pytest
@@ -10,7 +9,6 @@ from torch import nn
 from planner import BASELINES, Budget, DivergenceConfig, Plan, PlannerConfig, SnipPlanner, StatsConfig, baseline
 from planner.baselines import block_index
 from planner.cost import plan_metrics
-from planner.integration import add_planner_args, config_from_args
 from snip_ops import SnipLinear
 from snip_train.model import Llama, LlamaConfig
 
@@ -124,7 +122,7 @@ def test_baselines_share_the_budget(trained):
     assert block_index("model.layers.12.mlp.up_proj") == 12 and block_index("lm_head") is None
 
 
-def test_config_and_cli_errors():
+def test_config_errors():
     with pytest.raises(ValueError, match="unknown precision"):
         PlannerConfig(candidates=("fp8", "int4"))
     with pytest.raises(ValueError, match="interval"):
@@ -133,39 +131,6 @@ def test_config_and_cli_errors():
         PlannerConfig(method="random", granularity="gemm")
     with pytest.raises(ValueError, match="method must be"):
         PlannerConfig(method="greedy")
-    parser = argparse.ArgumentParser()
-    add_planner_args(parser)
-    assert config_from_args(parser.parse_args([])) is None
-    cfg = config_from_args(parser.parse_args(["--planner", "--planner-budget", "cost=0.4", "--planner-interval", "50",
-                                              "--planner-pin", "*.layers.0.*=fp8", "--planner-granularity", "gemm"]))
-    assert cfg.budget == Budget.relative_cost(0.4) and cfg.interval == 50 and cfg.pinned == {"*.layers.0.*": "fp8"}
-    with pytest.raises(ValueError, match="cannot parse budget"):
-        config_from_args(parser.parse_args(["--planner", "--planner-budget", "75%"]))
     model, opt, _ = setup()
     with pytest.raises(TypeError, match="no .loss"):
         SnipPlanner(nn.Sequential(nn.Linear(4, 4)), None, PlannerConfig(**FAST)).step(0, torch.randn(2, 4))
-
-
-def test_training_loop_hooks_write_plan_and_pictures(tmp_path):
-    from planner.integration import make_hooks
-    from snip_train.train import TrainConfig, train
-
-    hooks = make_hooks(PlannerConfig(interval=2, **FAST), out_dir=tmp_path, log=lambda msg: None)
-    summary = train(TrainConfig(model=LlamaConfig(dim=128, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=128,
-                                                  max_seq_len=16),
-                                steps=2, batch_size=2, seq_len=16, eval_batches=1, eval_interval=0,
-                                max_bytes=300_000, progress=False, **hooks.train_kwargs()))
-    plan = hooks.finish()
-    assert summary["steps"] == 2 and plan.metrics["fp4_fraction"] >= 0.75
-    assert Plan.load(tmp_path / "plan.json").precisions == plan.precisions
-    assert (tmp_path / "plan.png").stat().st_size > 0 and (tmp_path / "planner_state.json").exists()
-
-
-def test_loss_comparison_plot(tmp_path):
-    from planner.report import plot_loss_comparison
-
-    def summary(offset):
-        return {"history": {"train": {"step": [1, 2, 3], "loss": [3.0 + offset, 2.5 + offset, float("nan")]},
-                            "val": {"step": [0, 3], "loss": [3.1 + offset, 2.4 + offset]}}}
-    plot_loss_comparison(tmp_path / "loss.png", {"bf16": summary(0), "SNIP": summary(0.01)}, title="t")
-    assert (tmp_path / "loss.png").stat().st_size > 0

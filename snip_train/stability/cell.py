@@ -10,7 +10,7 @@ the sweep varies.
 
 Precision names: "fp32" is the unconverted model (float32 GEMMs: the high-precision baseline); a name
 with explicit widths ("e8m3", "e4m3:sr:tensor", see `exmy.parse_scheme`) is an eXmY simulation;
-anything else goes to the trainer's plan resolution (`snip_train.train.resolve_plan`: "fp8", "fp4",
+anything else goes to the trainer's plan resolution (`train.resolve_plan`: "fp8", "fp4",
 "mxfp8", "fp4_mlp", a plan JSON file, ...).
 """
 
@@ -29,14 +29,12 @@ from typing import Any
 
 import torch
 
+from planner.stability import DivergenceRule, LossMonitor, SharpnessConfig, measure_sharpness, parse_scheme
 from snip_ops import SnipLinear, convert
-from snip_train.data import TokenData
-from snip_train.model import Llama, LlamaConfig
-from snip_train.train import TrainConfig, apply_precision, lr_at, resolve_device
 
-from .divergence import DivergenceRule, LossMonitor
-from .exmy import parse_scheme
-from .sharpness import SharpnessConfig, measure_sharpness
+from ..data import TokenData
+from ..model import Llama, LlamaConfig
+from ..train import TrainConfig, apply_precision, lr_at, resolve_device
 
 __all__ = ["BASELINE", "TrainingSetup", "Cell", "run_cell", "is_exmy_name"]
 

@@ -30,10 +30,10 @@ The CPU learning rates bracket the tiny model's FP32 stability edge. At 100 step
 
 from __future__ import annotations
 
-from snip_train.model import LlamaConfig
+from planner.stability import SharpnessConfig
 
+from ..model import LlamaConfig
 from .cell import BASELINE, TrainingSetup
-from .sharpness import SharpnessConfig
 from .sweep import SweepSpec
 
 __all__ = ["PRESETS", "preset"]

@@ -1,7 +1,7 @@
 """From cell records to the sweep's findings: divergence per (precision, learning rate), final losses,
 stable learning-rate ranges, and how well early sharpness predicts later divergence.
 
-Divergence of a cell (see `divergence.py`): diverged online (non-finite loss or sustained blow-up),
+Divergence of a cell (see `planner.stability.divergence`): diverged online (non-finite loss or sustained blow-up),
 or finished more than `baseline_nats` above the mean final loss of the baseline precision's runs
 at the same learning rate. The baseline's own runs are judged by the same rule (so a baseline seed far
 above its siblings counts too). Cells stopped by the time limit are left out of the rates (and
@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 from scipy import stats
 
-from .divergence import exceeds_baseline
+from planner.stability import exceeds_baseline
 
 __all__ = ["baseline_losses", "judge", "summarize", "sharpness_at"]
 

@@ -1,6 +1,6 @@
 """The native build, checked on the CPU: the extension was built when it could be and says what it
 holds. The ops' schemas, argument checks and Meta functions are tested with their Python dispatchers
-(tests/test_quant_dispatch.py, tests/test_gemm_dispatch.py)."""
+(tests/ops/test_quant_dispatch.py, tests/ops/test_gemm_dispatch.py)."""
 
 import importlib
 import os

@@ -1,6 +1,6 @@
 """snip_ops.optim.AdamW on the PyTorch reference path (CPU): AdamW semantics, stochastic-rounding
-write-back, state dicts. Kernel-vs-reference: tests/test_optim_kernel_gpu.py; ranks:
-tests/test_optim_distributed.py."""
+write-back, state dicts. Kernel-vs-reference: tests/ops/test_optim_native.py; ranks:
+tests/ops/test_optim_distributed.py."""
 
 import copy
 import math

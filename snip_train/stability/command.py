@@ -1,17 +1,7 @@
 """`snip sweep`: run a stability sweep (seeds x learning rates x precisions) and report it.
 
-Wiring into another argparse CLI, either
-
-    from planner.stability.cli import SWEEP_HELP, add_sweep_arguments, run_sweep_command
-    COMMANDS["sweep"] = Command(SWEEP_HELP, add_sweep_arguments, run_sweep_command)   # snip_train.cli registry
-
-or, with plain argparse sub-parsers,
-
-    from planner.stability.cli import add_sweep_parser
-    add_sweep_parser(subparsers)            # adds the "sweep" subcommand, sets func=run_sweep_command
-    args = parser.parse_args(); sys.exit(args.func(args))
-
-Standalone: `python -m planner.stability.cli sweep --preset cpu-quick`.
+`add_sweep_arguments(parser)` adds the options, `run_sweep_command(args)` runs it; snip_train.cli
+registers both as the "sweep" command (bench/bench_stability.py reuses them).
 
 Outputs in --out: cells/<key>.json (one per finished cell; rerunning resumes), sweep.json (the grid),
 summary.json (tables, verdicts, correlations), report.md, heatmap.png, sharpness.png.
@@ -29,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SWEEP_HELP", "add_sweep_arguments", "add_sweep_parser", "spec_from_args", "run_sweep_command", "main"]
+__all__ = ["SWEEP_HELP", "SWEEP_DESCRIPTION", "add_sweep_arguments", "spec_from_args", "run_sweep_command"]
 
 SWEEP_HELP = "training-stability sweep: seeds x learning rates x precisions (eXmY simulation, plans)"
 
@@ -46,30 +36,22 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
-_DESCRIPTION = (
+SWEEP_DESCRIPTION = (
     "Train short runs of a small Llama for every (precision, learning rate, seed), record divergence, loss "
     "spikes and sharpness, and draw heat maps. Finished cells are kept in --out/cells and never rerun. "
     "Precisions: 'fp32' (no quantization), eXmY schemes ('e8m3', 'e4m3:sr', 'e5m2:tensor', "
     "'e2m1:sr:1x32:ops=grad:gemms=dgrad+wgrad'), or snip precisions / plans ('fp8', 'fp4', 'mxfp8', "
     "'fp4_mlp', plan.json). Presets: cpu-quick (minutes on 2 cores), cpu (the bit-reduction measurement), "
-    "gpu (25M model, 480 cells), gpu-1b; see planner/stability/presets.py."
+    "gpu (25M model, 480 cells), gpu-1b; see snip_train/stability/presets.py."
 )
 
 
-def add_sweep_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add the "sweep" sub-command to `subparsers`; `args.func(args)` runs it."""
-    p = subparsers.add_parser("sweep", help=SWEEP_HELP, description=_DESCRIPTION,
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_sweep_arguments(p)
-    return p
-
-
 def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
-    """The sweep's options, on an existing parser; sets `func=run_sweep_command`."""
+    """The sweep's options, on an existing parser."""
     from .presets import PRESETS
 
     p.add_argument("--preset", default="cpu-quick", choices=sorted(PRESETS),
-                   help="grid to start from (see planner/stability/presets.py); the options below override it")
+                   help="grid to start from (see snip_train/stability/presets.py); the options below override it")
     p.add_argument("--precisions", type=_names, help="comma-separated precisions")
     p.add_argument("--lrs", type=_floats, help="comma-separated peak learning rates")
     p.add_argument("--seeds", type=_ints, help="comma-separated seeds")
@@ -92,13 +74,12 @@ def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report-only", action="store_true", help="analyse the cells already in --out, train nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     # command_line: how the report names the command; callers other than `snip sweep` set their own.
-    p.set_defaults(func=run_sweep_command, command_line=None)
+    p.set_defaults(command_line=None)
 
 
 def spec_from_args(args: argparse.Namespace):
     """The SweepSpec of parsed sweep options: the preset with the given options replacing its fields."""
-    from snip_train.model import LlamaConfig
-
+    from ..model import LlamaConfig
     from .presets import preset
     from .sweep import SweepSpec
 
@@ -131,8 +112,8 @@ def spec_from_args(args: argparse.Namespace):
 
 def write_outputs(out: Path, spec, records: list[dict[str, Any]], context: dict[str, Any]) -> dict[str, Any]:
     """summary.json, report.md, heatmap.png and sharpness.png in `out`; returns the summary."""
+    from ..plots import plot_sweep_heatmaps, plot_sweep_sharpness
     from .analysis import summarize
-    from .heatmap import plot_heatmaps, plot_sharpness
     from .report import markdown_report
     from .sweep import to_json_data
 
@@ -143,9 +124,9 @@ def write_outputs(out: Path, spec, records: list[dict[str, Any]], context: dict[
         json.dump(to_json_data({"context": context, **summary}), f, indent=1, allow_nan=False)
     (out / "report.md").write_text(markdown_report(summary, context))
     title = f"{context['title']} ({len(spec.seeds)} seeds, {spec.setup.steps} steps)"
-    plot_heatmaps(summary, out / "heatmap.png", title)
+    plot_sweep_heatmaps(summary, out / "heatmap.png", title)
     if summary["sharpness_vs_divergence"]:
-        plot_sharpness(summary, out / "sharpness.png", title)
+        plot_sweep_sharpness(summary, out / "sharpness.png", title)
     return summary
 
 
@@ -193,14 +174,3 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         print(f"cell {key} failed:\n{tb}", file=sys.stderr)
     return 1 if errors else 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="snip")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_sweep_parser(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

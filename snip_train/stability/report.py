@@ -35,6 +35,21 @@ def _lr(lr: float) -> str:
     return f"{lr:g}"
 
 
+def _by_lr_table(title: str, summary: dict[str, Any], cell, extra_heads: tuple[str, ...] = (),
+                 extra_cells=lambda row: ()) -> list[str]:
+    """A Markdown table, a row per precision and a column per learning rate: `cell(by_lr entry)`, then
+    the `extra_heads` columns filled by `extra_cells(precision row)`."""
+    lrs = summary["learning_rates"]
+    lines = ["", f"## {title}", "",
+             "| precision | " + " | ".join([f"lr {_lr(lr)}" for lr in lrs] + list(extra_heads)) + " |",
+             "|---|" + "---|" * (len(lrs) + len(extra_heads))]
+    for p in summary["precisions"]:
+        row = summary["table"][p]
+        cells = [cell(row["by_lr"][repr(lr)]) for lr in lrs] + list(extra_cells(row))
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown_report(summary: dict[str, Any], context: dict[str, Any]) -> str:
     """`context`: title, date, command, machine, spec (SweepSpec.to_json()), wall_s, cell_s, threads, ran, reused."""
     spec, setup = context["spec"], context["spec"]["setup"]
@@ -61,46 +76,21 @@ def markdown_report(summary: dict[str, Any], context: dict[str, Any]) -> str:
         f"{rule['blowup_patience']} consecutive steps (online: the run stops); or final held-out loss > mean final "
         f"loss of the {summary['baseline']} runs at the same LR + {summary['baseline_nats']} nats (offline). "
         f"Spike: a step's loss > {rule['spike_ratio']} x the EMA before it (counted, not stopping)",
-        "",
-        "## Divergence rate (diverged / runs)",
-        "",
-        "| precision | " + " | ".join(f"lr {_lr(lr)}" for lr in lrs) + " | overall | stable LRs |",
-        "|---|" + "---|" * (len(lrs) + 2),
     ]
-    for p in summary["precisions"]:
-        row = table[p]
-        cells = []
-        for lr in lrs:
-            c = row["by_lr"][repr(lr)]
-            text = f"{c['diverged']}/{c['n']}" if c["n"] else "–"
-            if c["reasons"]:
-                text += " (" + ", ".join(c["reasons"]) + ")"
-            cells.append(text)
-        stable = ", ".join(_lr(lr) for lr in row["stable_lrs"]) or "none"
-        lines.append(f"| {p} | " + " | ".join(cells) + f" | {_fmt(row['divergence_rate'])} | {stable} |")
-    lines += [
-        "",
-        "## Mean final held-out loss of the runs that did not diverge (nats/token, ± std over seeds)",
-        "",
-        "| precision | " + " | ".join(f"lr {_lr(lr)}" for lr in lrs) + " |",
-        "|---|" + "---|" * len(lrs),
-    ]
-    for p in summary["precisions"]:
-        cells = []
-        for lr in lrs:
-            c = table[p]["by_lr"][repr(lr)]
-            std = f" ± {c['std_final_loss']:.2f}" if c["std_final_loss"] is not None else ""
-            cells.append(_fmt(c["mean_final_loss"]) + std)
-        lines.append(f"| {p} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "## Mean loss spikes per run",
-        "",
-        "| precision | " + " | ".join(f"lr {_lr(lr)}" for lr in lrs) + " |",
-        "|---|" + "---|" * len(lrs),
-    ]
-    for p in summary["precisions"]:
-        lines.append(f"| {p} | " + " | ".join(_fmt(table[p]["by_lr"][repr(lr)]["mean_spikes"], 1) for lr in lrs) + " |")
+
+    def divergence(c):
+        text = f"{c['diverged']}/{c['n']}" if c["n"] else "–"
+        return text + (" (" + ", ".join(c["reasons"]) + ")" if c["reasons"] else "")
+
+    def final_loss(c):
+        return _fmt(c["mean_final_loss"]) + (f" ± {c['std_final_loss']:.2f}" if c["std_final_loss"] is not None else "")
+
+    lines += _by_lr_table("Divergence rate (diverged / runs)", summary, divergence, ("overall", "stable LRs"),
+                          lambda row: (_fmt(row["divergence_rate"]),
+                                       ", ".join(_lr(lr) for lr in row["stable_lrs"]) or "none"))
+    lines += _by_lr_table("Mean final held-out loss of the runs that did not diverge (nats/token, ± std over seeds)",
+                          summary, final_loss)
+    lines += _by_lr_table("Mean loss spikes per run", summary, lambda c: _fmt(c["mean_spikes"], 1))
     corr = summary["sharpness_vs_divergence"]
     if corr:
         rho = setup["sharpness"]["rho"]
