@@ -546,7 +546,11 @@ def main() -> None:
                    help="cost: re-time the ILP only, keeping the measurement section of the last full run")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: on a shared 2-core machine two threads oversubscribe)")
+    p.add_argument("--results", type=Path, default=None, help="where the results go (default: bench/results)")
     args = p.parse_args()
+    if args.results is not None:
+        global RESULTS
+        RESULTS = args.results
     torch.set_num_threads(args.threads)
     defaults = {"validity": (30, [0, 1], None), "quality": (100, [0, 1, 2], 50), "demo": (300, [0], 100), "cost": (0, [0], 0)}
     steps, seeds, interval = defaults[args.what]

@@ -31,17 +31,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_sweep_arguments(parser)
     parser.add_argument("--notes", help="Markdown file appended to the report (interpretation, caveats)")
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results",
+                        help="where the results go (default: bench/results)")
     parser.set_defaults(preset="cpu")
     argv = sys.argv[1:]
     args = parser.parse_args(argv)
     # The recorded command is what reproduces the numbers; the notes file does not affect them.
-    shown = [a for i, a in enumerate(argv) if a != "--notes" and (i == 0 or argv[i - 1] != "--notes")]
+    shown = [a for i, a in enumerate(argv) if a not in ("--notes", "--results")
+             and (i == 0 or argv[i - 1] not in ("--notes", "--results"))]
     args.command_line = " ".join(["python bench/bench_stability.py", *shown])
     args.out = args.out or str(ROOT / "runs" / f"bench-stability-{args.preset}")
     status = run_sweep_command(args)
 
     device = "gpu" if (args.device or "").startswith("cuda") or args.preset.startswith("gpu") else "cpu"
-    stem = ROOT / "bench" / "results" / f"{device}-stability-{datetime.date.today().isoformat()}"
+    stem = args.results / f"{device}-stability-{datetime.date.today().isoformat()}"
+    stem.parent.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
     shutil.copyfile(out / "summary.json", stem.with_suffix(".json"))
     keys = {c.key() for c in spec_from_args(args).cells()}

@@ -1,0 +1,39 @@
+"""Every CPU benchmark of bench/ runs end to end in a seconds-long setting, its results written to a
+temporary directory (the committed ones in bench/results are never touched). The GPU benchmarks'
+refusal without a GPU is tested with the command line (tests/train/test_train.py)."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench(script: str, *args: str) -> None:
+    subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT, check=True,
+                   capture_output=True, text=True, timeout=600)
+
+
+def test_planner_ilp_timing(tmp_path):
+    # --ilp-only keeps the measurement section of the last full run: start from the committed one
+    shutil.copy(ROOT / "bench" / "results" / "cpu-planner-cost.json", tmp_path)
+    _bench("bench_planner.py", "cost", "--ilp-only", "--results", str(tmp_path))
+    result = json.loads((tmp_path / "cpu-planner-cost.json").read_text())
+    assert all(row["certified_optimal"] for row in result["ilp"])
+
+
+def test_planner_demo(tmp_path, monkeypatch):
+    monkeypatch.setenv("SNIP_BENCH_CACHE", str(tmp_path / "cache"))
+    _bench("bench_planner.py", "demo", "--steps", "2", "--batch", "2", "--interval", "1", "--results", str(tmp_path))
+    runs = json.loads((tmp_path / "cpu-planner-demo.json").read_text())["runs"]
+    assert set(runs) == {"SNIP", "layer_type", "bf16"}
+
+
+def test_stability_sweep(tmp_path):
+    _bench("bench_stability.py", "--preset", "cpu-quick", "--precisions", "fp32,e5m2", "--lrs", "0.01", "--seeds", "0",
+           "--steps", "2", "--batch-size", "2", "--seq-len", "16", "--sharpness-every", "0", "--workers", "1",
+           "--threads", "1", "--no-progress", "--out", str(tmp_path / "cells"), "--results", str(tmp_path / "results"))
+    written = sorted(p.name for p in (tmp_path / "results").iterdir())
+    assert any(n.endswith("-heatmap.png") for n in written) and any(n.endswith("-cells.json") for n in written)
