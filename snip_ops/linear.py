@@ -119,10 +119,10 @@ def _fwd(x: torch.Tensor, w: torch.Tensor, fprop: str, dgrad: str, wgrad: str, s
         xq, xtq = _quantize_both(x, fr.act, wr.act, not fr.is_bf16, keep_xt, seed, off, "x", "xt", kernels)
         w_spec, wt_spec = fr.weight, dr.weight
         shared = w_spec is not None and w_spec == wt_spec and transpose_shares_quantization(w_spec)
-        if not fr.is_bf16 and keep_wt and shared:
+        if not fr.is_bf16 and keep_wt and shared and not kernels:
             wq = _quantize(w, w_spec, seed, off, "w", False, kernels)
-            wtq = wq.t()  # the weight quantized once for both of its GEMMs (QTensor.t() or a tensor's)
-        else:
+            wtq = wq.t()  # the emulated weight, quantized once for both of its GEMMs
+        else:  # on the kernels, w and w^T come from one fused row + column pass
             wq, wtq = _quantize_both(w, w_spec, wt_spec, not fr.is_bf16, keep_wt, seed, off, "w", "wt", kernels)
         y = (x @ w.t()).to(x.dtype) if fr.is_bf16 else _gemm(xq, wq, x.dtype)
     return [y, *(_saved(xtq) if keep_xt else []), *(_saved(wtq) if keep_wt else [])]
