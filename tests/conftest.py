@@ -6,6 +6,7 @@ import torch
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped when none is available)")
+    config.addinivalue_line("markers", "exhaustive: enumerates a whole input space (minutes; CI runs it once)")
 
 
 def pytest_collection_modifyitems(config, items):

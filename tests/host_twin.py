@@ -3,7 +3,8 @@ ctypes, so that CPU tests run the kernels' own source against the PyTorch refere
 
 Needs a C++ compiler and the CUDA headers (cuda_fp8.h, cuda_fp4.h): `load()` skips the calling test
 where either is missing. Compiled once per source version into a cache directory, with
-`-ffp-contract=off` as the extension's host code is (no fused a*b+c that the reference lacks).
+`-ffp-contract=off` as the extension's host code is (no fused a*b+c that the reference lacks), and
+OpenMP over the elements (exhaustive checks run 2^32 of them).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def load() -> ctypes.CDLL:
     lib = Path(tempfile.gettempdir()) / f"snip_quant_math_{digest}.so"
     if not lib.exists():
         tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC", f"-I{ROOT / 'csrc'}",
+        cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", f"-I{ROOT / 'csrc'}",
                f"-I{include}", str(SOURCES[0]), "-o", str(tmp)]
         subprocess.run(cmd, check=True, capture_output=True)
         os.replace(tmp, lib)
@@ -60,3 +61,37 @@ def block_scales(lib: ctypes.CDLL, amax_bits: np.ndarray, kind: str, elem: str, 
                                       ptr(np.float32), ptr(np.uint32)]
     lib.snip_block_scales(amax_bits, amax_bits.size, SCALE_KIND[kind], ELEM[elem], tensor_scale, scale, stored)
     return scale, stored
+
+
+def round_to_codes(lib: ctypes.CDLL, bits: np.ndarray, elem: str, words: np.ndarray | None = None):
+    """(codes as uint32, decoded float32 values) of `round_to_code` for each float32 bit pattern;
+    stochastic rounding with one Philox word per element when `words` is given."""
+    bits = np.ascontiguousarray(bits, dtype=np.uint32)
+    codes = np.empty(bits.shape, np.uint32)
+    values = np.empty(bits.shape, np.float32)
+    ptr = np.ctypeslib.ndpointer
+    lib.snip_round_to_codes.argtypes = [ptr(np.uint32), ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
+                                        ptr(np.uint32), ptr(np.float32)]
+    w = None if words is None else np.ascontiguousarray(words, dtype=np.uint32)
+    lib.snip_round_to_codes(bits, bits.size, ELEM[elem], None if w is None else w.ctypes.data, codes, values)
+    return codes, values
+
+
+def nvfp4_tensor_scales(lib: ctypes.CDLL, amax_bits: np.ndarray) -> np.ndarray:
+    """float32 `nvfp4_tensor_scale` of each tensor amax bit pattern."""
+    amax_bits = np.ascontiguousarray(amax_bits, dtype=np.uint32)
+    out = np.empty(amax_bits.shape, np.float32)
+    ptr = np.ctypeslib.ndpointer
+    lib.snip_nvfp4_tensor_scales.argtypes = [ptr(np.uint32), ctypes.c_int64, ptr(np.float32)]
+    lib.snip_nvfp4_tensor_scales(amax_bits, amax_bits.size, out)
+    return out
+
+
+def decode(lib: ctypes.CDLL, codes: np.ndarray, elem: str) -> np.ndarray:
+    """float32 values of `decode` for each code."""
+    codes = np.ascontiguousarray(codes, dtype=np.uint32)
+    out = np.empty(codes.shape, np.float32)
+    ptr = np.ctypeslib.ndpointer
+    lib.snip_decode.argtypes = [ptr(np.uint32), ctypes.c_int64, ctypes.c_int, ptr(np.float32)]
+    lib.snip_decode(codes, codes.size, ELEM[elem], out)
+    return out

@@ -5,7 +5,8 @@ the range the scale type represents: float32's 2^-149..2^127 for POW2, E8M0's 2^
 2^-127, as in OCP MX). The oracle here is independent of both implementations: numpy's float32
 division and frexp. It checks the PyTorch reference and the quantizer kernels' own arithmetic
 (csrc/quant/quant_math.cuh, compiled for the host) on every subnormal amax and a dense sample of
-normal ones.
+normal ones. NVFP4's scales (E4M3 block scale times the FP32 tensor scale) are checked kernel against
+reference on the same amax values, for tensor scales from normal to subnormal.
 """
 
 from __future__ import annotations
@@ -88,6 +89,28 @@ def test_kernel_scales_follow_the_rule(amax_bits, kind, elem):
         assert np.array_equal(stored, want_stored)
     else:
         assert _same_floats(stored.view(np.float32), want_s)
+
+
+@pytest.mark.parametrize("tensor_amax", [1.0, 2688.0, 3e38, 1e-30, 2.0**-140, 0.0])
+def test_kernel_nvfp4_scales_are_the_reference(amax_bits, tensor_amax):
+    """NVFP4 (E4M3 block scale times an FP32 tensor scale) has no closed form to check against: the
+    kernels' arithmetic must equal the reference's, bit for bit, tensor scale included."""
+    lib = host_twin.load()
+    t_ref = reference._nvfp4_tensor_scale(torch.tensor(tensor_amax, dtype=torch.float32))
+    t_kernel = host_twin.nvfp4_tensor_scales(lib, np.array([np.float32(tensor_amax).view(np.uint32)], np.uint32))
+    assert _same_floats(t_kernel, t_ref.reshape(1).numpy())
+    amax = torch.from_numpy(amax_bits.view(np.int32).copy()).view(torch.float32)
+    stored, s = reference.block_scales(amax, QuantSpec(E2M1, (1, 16), ScaleKind.NVFP4), t_ref)
+    bits = np.where(amax_bits > INF_BITS, INF_BITS, amax_bits).astype(np.uint32)
+    s_kernel, stored_kernel = host_twin.block_scales(lib, bits, "nvfp4", "e2m1", float(t_ref))
+    assert _same_floats(s_kernel, s.numpy())
+    assert np.array_equal(stored_kernel, stored.view(torch.uint8).numpy().astype(np.uint32))
+
+
+def test_kernel_nvfp4_tensor_scales_are_the_reference(amax_bits):
+    amax = torch.from_numpy(amax_bits.view(np.int32).copy()).view(torch.float32)
+    assert _same_floats(host_twin.nvfp4_tensor_scales(host_twin.load(), amax_bits),
+                        reference._nvfp4_tensor_scale(amax).numpy())
 
 
 def test_e8m0_scale_of_a_subnormal_block_is_the_next_power_of_two():

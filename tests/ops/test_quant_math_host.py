@@ -1,0 +1,86 @@
+"""The quantizer kernels' element rounding (csrc/quant/quant_math.cuh: round_to_code, decode),
+compiled for the host, against the PyTorch reference (snip_ops.cast.round_to_format / encode):
+
+* round to nearest even on every float32 bit pattern (all 2^32), for each element format, the scale
+  being 1 (the kernels divide by the block scale first, exactly as the reference does);
+* decoding of every code;
+* stochastic rounding on sampled inputs (every binade of each format, subnormal targets, ties, the
+  saturation edge) x every R-bit random word (the rule reads only a word's top R bits).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import host_twin
+from snip_ops.cast import decode, encode, round_to_format
+from snip_ops.formats import E2M1, E4M3, E5M2, Rounding
+
+FORMATS = {"e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
+CHUNK = 1 << 24
+
+
+def _floats(bits: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(bits.view(np.int32)).view(torch.float32)
+
+
+def _codes(values: torch.Tensor, fmt) -> np.ndarray:
+    """The reference's codes, sign bit at the format's width (as the kernels store them)."""
+    return encode(values, fmt).numpy().astype(np.uint32)
+
+
+@pytest.fixture(scope="module")
+def lib():
+    return host_twin.load()
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("elem", FORMATS)
+def test_round_to_nearest_on_every_float32(lib, elem):
+    fmt = FORMATS[elem]
+    low = np.arange(CHUNK, dtype=np.uint32)
+    for hi in range(1 << 8):  # the top 8 bits of the pattern; CHUNK covers the other 24
+        bits = (np.uint32(hi) << np.uint32(24)) | low
+        codes, values = host_twin.round_to_codes(lib, bits, elem)
+        ref = round_to_format(_floats(bits), fmt, Rounding.RNE)
+        finite = (bits & 0x7F800000) != 0x7F800000
+        # finite inputs: the same value, sign of zero included (decode is one-to-one on finite codes)
+        assert np.array_equal(values.view(np.uint32)[finite], ref.numpy().view(np.uint32)[finite]), hex(hi)
+        if not finite.all():  # Inf / NaN: the same code (NaN, or Inf where the format has it)
+            assert np.array_equal(codes[~finite], _codes(ref[torch.from_numpy(~finite)], fmt)), hex(hi)
+
+
+@pytest.mark.parametrize("elem", FORMATS)
+def test_decode_of_every_code(lib, elem):
+    codes = np.arange(1 << FORMATS[elem].bits, dtype=np.uint32)
+    got = host_twin.decode(lib, codes, elem)
+    want = decode(torch.from_numpy(codes.astype(np.int64)), FORMATS[elem]).numpy()
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan) and np.array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
+
+
+def _sr_inputs(fmt) -> np.ndarray:
+    """Finite float32 values across the format: each binade's ends and middle with random low bits,
+    subnormal targets, values just below and above max_finite, zeros, both signs."""
+    rng = np.random.default_rng(11)
+    points = [0.0, fmt.min_subnormal / 3, fmt.min_subnormal * 1.5, fmt.min_normal * 0.75, fmt.max_finite * 0.99,
+              fmt.max_finite * 1.01, fmt.max_finite * 4]
+    for e in range(fmt.emin - fmt.man_bits, fmt.emax + 1):
+        points += [2.0**e * (1 + rng.random()), 2.0**e * 1.5, 2.0**e * (2 - 2.0**-20)]
+    x = np.array(points, np.float32)
+    return np.concatenate([x, -x])
+
+
+@pytest.mark.parametrize("elem", FORMATS)
+def test_stochastic_rounding_on_every_random_word(lib, elem):
+    fmt = FORMATS[elem]
+    r = fmt.sr_bits
+    rng = np.random.default_rng(5)
+    tops = np.arange(1 << r, dtype=np.uint32) << np.uint32(32 - r)
+    words = tops | rng.integers(0, 1 << (32 - r), size=tops.size, dtype=np.uint32)  # the ignored low bits vary
+    for v in _sr_inputs(fmt):
+        bits = np.full(words.size, np.float32(v).view(np.uint32), np.uint32)
+        codes, values = host_twin.round_to_codes(lib, bits, elem, words)
+        ref = round_to_format(_floats(bits), fmt, Rounding.SR, torch.from_numpy(words.view(np.int32)).to(torch.int64)
+                              & 0xFFFFFFFF)
+        assert np.array_equal(values.view(np.uint32), ref.numpy().view(np.uint32)), (elem, float(v))
