@@ -1,7 +1,8 @@
 """Imports point one way (DESIGN.md): snip_ops <- planner (and its stability numerics) <- snip_train.
 
 The libraries are imported module by module in a fresh interpreter, which must not load the
-application; the application reaches the planner through its public names only."""
+application; the application reaches the planner through its public names only; the libraries'
+tests do not use the application either."""
 
 import ast
 import subprocess
@@ -49,3 +50,12 @@ def test_the_application_uses_the_planners_public_surface():
                 assert names <= public[node.module], f"{path.relative_to(ROOT)}: {sorted(names - public[node.module])}"
             if isinstance(node, ast.Import):
                 assert not any(a.name.startswith("planner.") for a in node.names), path
+
+
+def test_library_tests_do_not_build_the_application():
+    """tests/ops and tests/planner test the libraries with models of their own (or a Hugging Face one)."""
+    for path in sorted((ROOT / "tests" / "ops").glob("*.py")) + sorted((ROOT / "tests" / "planner").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n.split(".")[0] == "snip_train" for n in names), f"{path.relative_to(ROOT)} imports {names}"

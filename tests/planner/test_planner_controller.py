@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch import nn
 
+from causal_lm import CausalLM
 from planner import BASELINES, Budget, DivergenceConfig, Plan, PlannerConfig, SnipPlanner, StatsConfig, baseline
 from planner.baselines import block_index
 from planner.cost import plan_metrics
 from snip_ops import SnipLinear
-from snip_train.model import Llama, LlamaConfig
 
-CONFIG = LlamaConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=16)
+CONFIG = dict(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=16)
 FAST = dict(stats=StatsConfig(max_rows=64), divergence=DivergenceConfig(draws=1))
 
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def setup(seed=0, **overrides):
     torch.manual_seed(seed)
-    model = Llama(CONFIG)
+    model = CausalLM.build(**CONFIG)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     planner = SnipPlanner(model, opt, PlannerConfig(interval=2, **FAST), **overrides)
     return model, opt, planner

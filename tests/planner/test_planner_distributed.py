@@ -5,16 +5,16 @@ import json
 import pytest
 import torch
 
+from causal_lm import CausalLM
 from planner import DivergenceConfig, PlannerConfig, SnipPlanner, StatsConfig
 from planner.divergence import measure
-from snip_train.model import Llama, LlamaConfig
 
 from gloo import run_on_ranks
 
 
 def _measure_and_plan(rank: int) -> dict:
     torch.manual_seed(0)  # the same initial model on every rank
-    model = Llama(LlamaConfig(dim=128, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=16))
+    model = CausalLM.build(dim=128, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=16)
     opt = torch.optim.AdamW(model.parameters())
     cfg = PlannerConfig(stats=StatsConfig(max_rows=32), divergence=DivergenceConfig(draws=1))
     planner = SnipPlanner(model, opt, cfg)

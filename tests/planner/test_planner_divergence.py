@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from bounds import assert_within, gamma, gemm_error_bound, relative_frobenius, unit_roundoff
+from causal_lm import CausalLM
 from planner.divergence import DivergenceConfig, measure
 from planner.qerror import gemm_errors, relative_error
 from planner.stats import StatsConfig, adam_preconditioner
 from snip_ops import SnipLinear, convert, gemm
 from snip_ops.formats import recipe
-from snip_train.model import Llama, LlamaConfig
 
-CONFIG = LlamaConfig(dim=128, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=32)
+CONFIG = dict(dim=128, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=32)
 CANDIDATES = ("bf16", "fp8", "fp4")
 
 
@@ -30,7 +30,7 @@ def loss_fn(model, batch):
 def trained_tiny(steps: int = 4):
     """A tiny Llama after a few AdamW steps (so the optimizer has state), its optimizer and a batch."""
     torch.manual_seed(0)
-    model = convert(Llama(CONFIG))
+    model = convert(CausalLM.build(**CONFIG))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(1)
     for _ in range(steps):
@@ -114,7 +114,7 @@ def test_batched_estimators_agree_with_the_per_layer_definitions():
 
 def test_step_zero_uses_the_gradient_second_moment():
     torch.manual_seed(0)
-    model = convert(Llama(CONFIG))
+    model = convert(CausalLM.build(**CONFIG))
     opt = torch.optim.AdamW(model.parameters())
     layers = {n: m for n, m in model.named_modules() if isinstance(m, SnipLinear)}
     stats = measure(model, layers, opt, torch.randint(0, 64, (2, 33)), loss_fn, ("fp8",), StatsConfig(max_rows=32),

@@ -6,17 +6,17 @@ import math
 import pytest
 import torch
 
+from causal_lm import CausalLM
 from planner.stability import SharpnessConfig, measure_sharpness, parse_scheme, sharpness
 from snip_ops import SnipLinear, convert
-from snip_train.model import Llama, LlamaConfig
 
-MICRO = LlamaConfig(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16)
+MICRO = dict(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16)
 
 
 @pytest.fixture(scope="module")
 def model_and_batches():
     torch.manual_seed(0)
-    model = Llama(MICRO)
+    model = CausalLM.build(**MICRO)
     gen = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, 256, (4, 17), generator=gen) for _ in range(2)]
     return model, batches
@@ -53,7 +53,7 @@ def test_samples_variance_and_determinism(model_and_batches):
 
 def test_measurement_leaves_the_model_untouched():
     torch.manual_seed(0)
-    model = convert(Llama(MICRO), parse_scheme("e4m3").precision())
+    model = convert(CausalLM.build(**MICRO), parse_scheme("e4m3").precision())
     batch = torch.randint(0, 256, (2, 17))
     model.loss(batch).backward()
     layers = [m for m in model.modules() if isinstance(m, SnipLinear)]
