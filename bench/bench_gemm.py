@@ -29,7 +29,6 @@ is the planner's measured cost table (planner.cost.MeasuredCost.from_json reads 
 
 from __future__ import annotations
 
-import argparse
 import zlib
 import sys
 import time
@@ -41,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cuda_timer import CudaTimer  # noqa: E402
-from device_results import write_device_result  # noqa: E402
+from gpu_bench import timing_parser, write_device_result  # noqa: E402
 from snip_ops import _ext, gemm_kernels as gk  # noqa: E402
 from snip_ops.formats import recipe  # noqa: E402
 from snip_ops.quantize import quantize  # noqa: E402
@@ -202,12 +201,9 @@ def targets(entries, baselines) -> list[dict]:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = timing_parser(__doc__, "gemm")
     p.add_argument("--quick", action="store_true", help="4096^3 and one Llama shape only")
     p.add_argument("--configs", action="store_true", help="also time every compiled Hopper tile configuration")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/<device>-gemm.json)")
     args = p.parse_args()
     result = run(args)
     print(f"\nwrote {write_device_result(result, 'gemm', args.out)}")

@@ -172,7 +172,7 @@ def memory(args) -> None:
 
 def gpu(args) -> None:
     from cuda_timer import CudaTimer
-    from device_results import write_device_result
+    from gpu_bench import write_device_result
     from snip_ops.optim import AdamW
 
     if not torch.cuda.is_available():

@@ -23,7 +23,6 @@ median of `--iters` calls after `--warmup` calls; random normal data.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cuda_timer import CudaTimer  # noqa: E402
-from device_results import write_device_result  # noqa: E402
+from gpu_bench import timing_parser, write_device_result  # noqa: E402
 from snip_ops import _ext  # noqa: E402
 from snip_ops.formats import E2M1, E4M3, QuantSpec, Rounding, ScaleKind  # noqa: E402
 
@@ -198,11 +197,8 @@ def run(args) -> dict:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = timing_parser(__doc__, "quant")
     p.add_argument("--quick", action="store_true", help="8192x8192 only")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/<device>-quant.json)")
     args = p.parse_args()
     result = run(args)
     print(f"\nwrote {write_device_result(result, 'quant', args.out)}")
