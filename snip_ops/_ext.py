@@ -68,13 +68,20 @@ def _device_arch(device) -> str | None:
     return f"sm_{major}{minor}a"
 
 
+@torch.compiler.assume_constant_result  # fixed per process and device: torch.compile takes it as a constant
 def kernel_available(name: str, device) -> bool:
-    """True when the extension has kernel `name` compiled for the arch of `device`
-    (a torch.device, a device string, or a tensor)."""
+    """True when the extension has kernel `name` compiled for the arch of `device` (a torch.device, a
+    device string, or a tensor) and the kernel passed its self-check there (snip_ops.self_check)."""
     if not HAS_KERNELS:
         return False
+    if isinstance(device, torch.Tensor):
+        device = device.device
     arch = _device_arch(device)
-    return arch is not None and arch in kernels().get(name, [])
+    if arch is None or arch not in kernels().get(name, []):
+        return False
+    from . import self_check  # the checks import the ops, which import this module
+
+    return self_check.passed(name, device)
 
 
 def build_info() -> dict:

@@ -140,7 +140,7 @@ def _why_not(path: str, a: QTensor, b: QTensor, arch, out_dtype, accumulate: boo
         if arch != (9, 0):
             return f"needs an sm_90 GPU (device {device} is {_arch_str(arch)})"
         if not _ext.kernel_available("fp8_gemm_nt_blockwise", device):
-            return "snip_ops._C has no fp8_gemm_nt_blockwise kernel for sm_90a (not built)"
+            return "no usable fp8_gemm_nt_blockwise kernel for sm_90a (not built, or failed its self-check)"
         for q, role in ((a, "a"), (b, "b")):
             why = _fp8_kernel_operand(q, role)
             if why:
@@ -158,7 +158,7 @@ def _why_not(path: str, a: QTensor, b: QTensor, arch, out_dtype, accumulate: boo
         if _blackwell_kind(a, b) != kind:
             return f"operands are not both {kind} ({a.spec.describe()} x {b.spec.describe()})"
         if not _ext.kernel_available(f"{kind}_gemm_nt", device):
-            return f"snip_ops._C has no {kind}_gemm_nt kernel for sm_100a (not built)"
+            return f"no usable {kind}_gemm_nt kernel for sm_100a (not built, or failed its self-check)"
         if out_dtype != torch.bfloat16 or accumulate:
             return "the Blackwell kernels write BF16 only (no FP32 output or accumulation)"
         return None
