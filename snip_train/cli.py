@@ -4,8 +4,8 @@
 
 Subcommands live in the ``COMMANDS`` registry: each is a name, a one-line help, a function that
 adds its arguments to an ``argparse`` sub-parser, and a function that runs it and returns an exit
-code: ``train`` (here, with the planner flags of ``planning``), ``sweep`` (``stability.command``)
-and ``bench`` (the scripts of ``bench/``).
+code: ``train`` (here, with the planner flags of ``planning``), ``sweep`` (``stability.command``),
+``bench`` (the scripts of ``bench/``) and ``doctor`` (``doctor``: the kernels on this GPU).
 """
 
 from __future__ import annotations
@@ -163,6 +163,21 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------
+# doctor
+# ---------------------------------------------------------------------------------------
+def _add_doctor_args(p: argparse.ArgumentParser) -> None:
+    default = BENCH_DIR / "results" if BENCH_DIR.is_dir() else Path.cwd()
+    p.add_argument("--results", type=Path, default=default,
+                   help="where <device>-doctor.json goes (default: bench/results of the source tree, else .)")
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    from .doctor import doctor
+
+    return doctor(args.results)
+
+
+# ---------------------------------------------------------------------------------------
 # registry
 # ---------------------------------------------------------------------------------------
 def _sweep_command() -> Command:
@@ -176,6 +191,8 @@ COMMANDS: dict[str, Command] = {
     "sweep": _sweep_command(),
     "bench": Command("run a benchmark of bench/ (quant, gemm and optim gpu need a GPU); results go to "
                      "bench/results/", _add_bench_args, _run_bench),
+    "doctor": Command("run every compiled kernel on this GPU against the reference and time it (builds "
+                      "nothing; without a GPU it says so)", _add_doctor_args, _run_doctor),
 }
 
 

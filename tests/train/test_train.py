@@ -138,6 +138,25 @@ def test_cli_bench_runs_a_benchmark_script(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
+def test_cli_doctor_without_a_gpu_says_so(capsys, tmp_path):
+    assert cli.main(["doctor", "--results", str(tmp_path)]) == 0
+    assert "no CUDA GPU here" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())
+
+
+def test_doctor_reports_a_failing_kernel(monkeypatch):
+    """A kernel whose check fails is reported in its row (the error and where), not raised."""
+    from snip_ops import self_check
+    from snip_train.doctor import _check
+
+    def failing(device):
+        raise AssertionError("codes of e4m3/1x128/fp32/rne: differs from the reference")
+
+    monkeypatch.setitem(self_check.CHECKS, "adamw", failing)
+    row = _check("adamw", torch.device("cpu"))
+    assert row["self_check"] == "FAIL" and "differs from the reference" in row["error"]
+
+
 def test_cli_parser():
     p = cli.build_parser()
     a = p.parse_args(["train", "--precision", "fp4_mlp", "--device", "cpu", "--max-bytes", "all"])

@@ -1,4 +1,5 @@
-"""The demo trainer on the GPU kernels (marked gpu: skipped without a CUDA device)."""
+"""The application on the GPU kernels: a training run and `snip doctor` (marked gpu: skipped without a
+CUDA device)."""
 
 import pytest
 
@@ -19,3 +20,11 @@ def test_small_model_trains_in_fp8_on_the_kernels_like_bf16():
     assert not fp8["diverged"]
     assert fp8["final_val_loss"] < bf16["initial_val_loss"] - 1.0
     assert abs(fp8["final_val_loss"] - bf16["final_val_loss"]) < 0.1
+
+
+def test_doctor_passes_and_writes_its_evidence(tmp_path):
+    from snip_train.doctor import doctor
+
+    assert doctor(tmp_path) == 0
+    (written,) = tmp_path.glob("*-doctor.json")
+    assert written.stat().st_size > 0

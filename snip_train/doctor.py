@@ -1,0 +1,136 @@
+"""`snip doctor`: on a GPU machine, run every compiled kernel against the PyTorch reference and time it.
+
+Builds nothing. For each kernel compiled for this GPU: its self-check (`snip_ops.self_check`: small
+and odd shapes; quantization bit for bit, GEMMs within 2^-7 of |a| |b|^T), a large-shape check of the
+same kind, and a time against what it replaces -- torch.matmul in BF16 for the GEMMs (and
+torch._scaled_mm with row-wise scales for the FP8 one), a BF16 copy of the same tensor for the
+quantizer. Prints a table and writes `<results>/<device>-doctor.json`. Without a GPU it says so and
+exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+__all__ = ["doctor"]
+
+# kernel -> (qgemm path, recipe) for the GEMMs
+_GEMMS = {"fp8_gemm_nt_blockwise": ("sm90_fp8", "fp8"), "nvfp4_gemm_nt": ("sm100_nvfp4", "nvfp4"),
+          "mxfp4_gemm_nt": ("sm100_mxfp4", "mxfp4"), "mxfp8_gemm_nt": ("sm100_mxfp8", "mxfp8")}
+_LARGE = 4096
+
+
+def _time(fn: Callable[[], object], iters: int = 20) -> float:
+    """Median seconds of fn() over `iters` calls after 3 warm-up calls (CUDA events)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def _large_quantize(device: torch.device) -> dict:
+    from snip_ops import reference
+    from snip_ops.formats import QuantSpec
+    from snip_ops.quantize import quantize
+
+    spec = QuantSpec.parse("e4m3/1x128/fp32/rne")
+    x = torch.randn(_LARGE, _LARGE, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    got, want = quantize(x.to(device), spec), reference.quantize(x, spec)
+    exact = torch.equal(got.codes.cpu().view(torch.uint8), want.codes.view(torch.uint8)) and torch.equal(
+        got.scales.cpu(), want.scales)
+    xd = x.to(device)
+    return {"large_shape_exact": exact, "time_s": _time(lambda: quantize(xd, spec)),
+            "baseline": "bf16 copy of the input", "baseline_s": _time(lambda: xd.clone())}
+
+
+def _large_gemm(kernel: str, device: torch.device) -> dict:
+    from snip_ops import gemm_kernels
+    from snip_ops.formats import recipe
+    from snip_ops.quantize import quantize
+
+    path, name = _GEMMS[kernel]
+    r = recipe(name)
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(_LARGE, _LARGE, generator=g), torch.randn(_LARGE, _LARGE, generator=g)
+    a, b = quantize(x.to(device), r.act), quantize(w.to(device), r.weight)
+    y = gemm_kernels.qgemm(a, b, path=path).double()
+    da, db = a.dequantize().double(), b.dequantize().double()
+    within = bool(((y - da @ db.t()).abs() <= 2.0**-7 * (da.abs() @ db.abs().t())).all())
+    xb, wb = x.to(device, torch.bfloat16), w.to(device, torch.bfloat16)
+    out = {"large_shape_within_bound": within, "time_s": _time(lambda: gemm_kernels.qgemm(a, b, path=path)),
+           "baseline": "torch.matmul bf16", "baseline_s": _time(lambda: xb @ wb.t())}
+    if path == "sm90_fp8":
+        ca, cb = x.to(device).to(torch.float8_e4m3fn), w.to(device).to(torch.float8_e4m3fn)
+        sa, sb = torch.ones(_LARGE, 1, device=device), torch.ones(1, _LARGE, device=device)
+        out["scaled_mm_rowwise_s"] = _time(lambda: torch._scaled_mm(ca, cb.t(), sa, sb, out_dtype=torch.bfloat16))
+    return out
+
+
+def _check(kernel: str, device: torch.device) -> dict:
+    from snip_ops import self_check
+
+    row: dict = {"kernel": kernel}
+    try:
+        t = time.perf_counter()
+        self_check.CHECKS[kernel](device)
+        row["self_check"] = "pass"
+        row["self_check_s"] = time.perf_counter() - t
+        if kernel == "quantize":
+            row.update(_large_quantize(device))
+        elif kernel in _GEMMS:
+            row.update(_large_gemm(kernel, device))
+    except Exception as e:  # a wrong answer or a failing launch: reported, never hidden
+        row["self_check"] = row.get("self_check", "FAIL")
+        row["error"] = f"{type(e).__name__}: {e}"
+        row["traceback"] = traceback.format_exc()
+    return row
+
+
+def doctor(results: Path) -> int:
+    """Run the checks and timings; 0 when every kernel passed (or there is no GPU), else 1."""
+    from snip_ops import _ext
+
+    if not torch.cuda.is_available():
+        print("snip doctor: no CUDA GPU here (torch.cuda.is_available() is False): nothing to check. The kernels "
+              "are compiled for sm_90a (H100/H200) and sm_100a (B200/GB200); on this machine snip runs the "
+              "exact emulated path.")
+        return 0
+    device = torch.device("cuda", torch.cuda.current_device())
+    info = _ext.build_info()
+    arch = info.get("device_arch")
+    kernels = sorted(k for k, archs in info["kernels"].items() if arch in archs)
+    print(f"snip doctor: {info['device']} ({arch}); extension: {info['extension_error'] or 'loaded'}; "
+          f"kernels for this GPU: {', '.join(kernels) or 'none'}", flush=True)
+    rows = [_check(k, device) for k in kernels]
+    print(f"{'kernel':24} {'self-check':10} {'large shape':12} {'time':>10} {'baseline':>10}  baseline")
+    for r in rows:
+        large = r.get("large_shape_exact", r.get("large_shape_within_bound"))
+        ms = (lambda key: f"{1e3 * r[key]:8.3f}ms" if key in r else f"{'-':>10}")
+        print(f"{r['kernel']:24} {r['self_check']:10} {('ok' if large else 'FAIL') if large is not None else '-':12} "
+              f"{ms('time_s')} {ms('baseline_s')}  {r.get('baseline', '')}")
+        if "error" in r:
+            print(f"    {r['error']}", file=sys.stderr)
+    slug = re.sub(r"[^a-z0-9]+", "-", info["device"].lower()).strip("-")
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{slug}-doctor.json"
+    path.write_text(json.dumps({"device": info["device"], "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                                "command": "snip doctor", "build": info, "kernels": rows}, indent=1, default=str))
+    print(f"wrote {path}")
+    failed = [r for r in rows if r["self_check"] != "pass" or "error" in r]
+    return 1 if failed else 0
