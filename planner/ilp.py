@@ -64,7 +64,6 @@ DEFAULT_LAMBDA = 1e-3
 CBC_NODE_LIMIT = 10
 
 
-
 class InfeasibleBudget(ValueError):
     """No plan meets the budget; `cheapest` is the tightest budget value that some plan does meet."""
 

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["configure", "passed", "CHECKS"]
+__all__ = ["configure", "passed", "CHECKS", "GEMM_KERNELS", "quantize_case", "gemm_case"]
 
 _enabled = True
 _results: dict[tuple[str, str], bool | None] = {}  # None: being checked (the kernel is used meanwhile)
@@ -75,20 +75,50 @@ def _same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 _QUANT_SPECS = ("e4m3/1x128/fp32/rne", "e4m3/128x128/fp32/rne", "e5m2/1x128/pow2/sr", "e2m1/1x16/nvfp4/sr",
                 "e2m1/1x32/e8m0/sr", "e4m3/1x32/e8m0/rne", "e2m1/16x16/fp32/rne")
 
+# GEMM kernel -> (the qgemm path that runs it, the recipe whose operands it takes)
+GEMM_KERNELS = {"fp8_gemm_nt_blockwise": ("sm90_fp8", "fp8"), "nvfp4_gemm_nt": ("sm100_nvfp4", "nvfp4"),
+                "mxfp4_gemm_nt": ("sm100_mxfp4", "mxfp4"), "mxfp8_gemm_nt": ("sm100_mxfp8", "mxfp8")}
 
-def _check_quantize(device: torch.device) -> None:
+
+def quantize_case(device: torch.device, spec_text: str, dtype: torch.dtype, rows: int, cols: int,
+                  transpose: bool = False) -> None:
+    """snip_ops.quantize on `device` against the reference on the CPU, codes and scales bit for bit."""
     from .formats import QuantSpec
     from .quantize import quantize
     from .reference import quantize as reference_quantize
 
+    x, spec = _data(rows, cols, dtype), QuantSpec.parse(spec_text)
+    case = f"{spec_text} {dtype} [{rows}, {cols}] transpose={transpose}"
+    got = quantize(x.to(device), spec, seed=3, offset=5, transpose=transpose)
+    want = reference_quantize(x, spec, seed=3, offset=5, transpose=transpose)
+    _same(got.codes, want.codes, f"codes of {case}")
+    _same(got.scales, want.scales, f"scales of {case}")
+
+
+def gemm_case(device: torch.device, kernel: str, m: int, n: int, k: int) -> None:
+    """The GEMM `kernel` (through gemm_kernels.qgemm) against the FP64 product of its dequantized
+    operands: within 2^-7 |a| |b|^T elementwise (which also covers a BF16 output's 2^-9)."""
+    from . import gemm_kernels
+    from .formats import recipe
+    from .quantize import quantize
+
+    path, recipe_name = GEMM_KERNELS[kernel]
+    r = recipe(recipe_name)
+    out_dtype = torch.bfloat16 if path.startswith("sm100_") else torch.float32  # the sm100 kernels write BF16
+    x, w = _data(m, k, torch.float32), _data(n, k, torch.float32) * 1e-2
+    a, b = quantize(x.to(device), r.act), quantize(w.to(device), r.weight)
+    y = gemm_kernels.qgemm(a, b, out_dtype=out_dtype, path=path).cpu().double()
+    da, db = a.dequantize().cpu().double(), b.dequantize().cpu().double()
+    err = (y - da @ db.t()).abs()
+    if not bool((err <= 2.0**-7 * (da.abs() @ db.abs().t()) + 1e-30).all()):
+        raise AssertionError(f"{path} on {recipe_name} [{m}, {n}, {k}]: error {float(err.max()):.3g} "
+                             f"beyond 2^-7 |a| |b|^T")
+
+
+def _check_quantize(device: torch.device) -> None:
     cases = [(torch.float32, text) for text in _QUANT_SPECS] + [(torch.bfloat16, _QUANT_SPECS[0])]
     for (dtype, text), transpose in itertools.product(cases, (False, True)):
-        x, spec = _data(37, 300, dtype), QuantSpec.parse(text)
-        case = f"{text} {dtype} [37, 300] transpose={transpose}"
-        got = quantize(x.to(device), spec, seed=3, offset=5, transpose=transpose)
-        want = reference_quantize(x, spec, seed=3, offset=5, transpose=transpose)
-        _same(got.codes, want.codes, f"codes of {case}")
-        _same(got.scales, want.scales, f"scales of {case}")
+        quantize_case(device, text, dtype, 37, 300, transpose)
 
 
 def _check_dequantize(device: torch.device) -> None:
@@ -104,23 +134,10 @@ def _check_dequantize(device: torch.device) -> None:
         _same(dequantize(on_device), reference_dequantize(want), f"dequantize of {text} [37, 300]")
 
 
-def _gemm_check(path: str, recipe_name: str) -> Callable[[torch.device], None]:
+def _gemm_check(kernel: str) -> Callable[[torch.device], None]:
     def check(device: torch.device) -> None:
-        from . import gemm_kernels
-        from .formats import recipe
-        from .quantize import quantize
-
-        r = recipe(recipe_name)
-        out_dtype = torch.bfloat16 if path.startswith("sm100_") else torch.float32  # 2^-7 covers BF16's 2^-9
         for m, n, k in ((37, 24, 300), (128, 136, 512)):
-            x, w = _data(m, k, torch.float32), _data(n, k, torch.float32) * 1e-2
-            a, b = quantize(x.to(device), r.act), quantize(w.to(device), r.weight)
-            y = gemm_kernels.qgemm(a, b, out_dtype=out_dtype, path=path).cpu().double()
-            da, db = a.dequantize().cpu().double(), b.dequantize().cpu().double()
-            err = (y - da @ db.t()).abs()
-            if not bool((err <= 2.0**-7 * (da.abs() @ db.abs().t()) + 1e-30).all()):
-                raise AssertionError(f"{path} on {recipe_name} [{m}, {n}, {k}]: error {float(err.max()):.3g} "
-                                     f"beyond 2^-7 |a| |b|^T")
+            gemm_case(device, kernel, m, n, k)
     return check
 
 
@@ -145,8 +162,5 @@ CHECKS: dict[str, Callable[[torch.device], None]] = {
     "quantize": _check_quantize,
     "dequantize": _check_dequantize,
     "adamw": _check_adamw,
-    "fp8_gemm_nt_blockwise": _gemm_check("sm90_fp8", "fp8"),
-    "nvfp4_gemm_nt": _gemm_check("sm100_nvfp4", "nvfp4"),
-    "mxfp4_gemm_nt": _gemm_check("sm100_mxfp4", "mxfp4"),
-    "mxfp8_gemm_nt": _gemm_check("sm100_mxfp8", "mxfp8"),
+    **{kernel: _gemm_check(kernel) for kernel in GEMM_KERNELS},
 }

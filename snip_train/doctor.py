@@ -23,9 +23,6 @@ import torch
 
 __all__ = ["doctor"]
 
-# kernel -> (qgemm path, recipe) for the GEMMs
-_GEMMS = {"fp8_gemm_nt_blockwise": ("sm90_fp8", "fp8"), "nvfp4_gemm_nt": ("sm100_nvfp4", "nvfp4"),
-          "mxfp4_gemm_nt": ("sm100_mxfp4", "mxfp4"), "mxfp8_gemm_nt": ("sm100_mxfp8", "mxfp8")}
 _LARGE = 4096
 
 
@@ -45,38 +42,31 @@ def _time(fn: Callable[[], object], iters: int = 20) -> float:
 
 
 def _large_quantize(device: torch.device) -> dict:
-    from snip_ops import reference
+    from snip_ops import self_check
     from snip_ops.formats import QuantSpec
     from snip_ops.quantize import quantize
 
+    self_check.quantize_case(device, "e4m3/1x128/fp32/rne", torch.bfloat16, _LARGE, _LARGE)
     spec = QuantSpec.parse("e4m3/1x128/fp32/rne")
-    x = torch.randn(_LARGE, _LARGE, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    got, want = quantize(x.to(device), spec), reference.quantize(x, spec)
-    exact = torch.equal(got.codes.cpu().view(torch.uint8), want.codes.view(torch.uint8)) and torch.equal(
-        got.scales.cpu(), want.scales)
-    xd = x.to(device)
-    return {"large_shape_exact": exact, "time_s": _time(lambda: quantize(xd, spec)),
-            "baseline": "bf16 copy of the input", "baseline_s": _time(lambda: xd.clone())}
+    x = torch.randn(_LARGE, _LARGE, device=device, dtype=torch.bfloat16)
+    return {"large_shape": "exact", "time_s": _time(lambda: quantize(x, spec)),
+            "baseline": "bf16 copy of the input", "baseline_s": _time(lambda: x.clone())}
 
 
 def _large_gemm(kernel: str, device: torch.device) -> dict:
-    from snip_ops import gemm_kernels
+    from snip_ops import gemm_kernels, self_check
     from snip_ops.formats import recipe
     from snip_ops.quantize import quantize
 
-    path, name = _GEMMS[kernel]
+    self_check.gemm_case(device, kernel, _LARGE, _LARGE, _LARGE)
+    path, name = self_check.GEMM_KERNELS[kernel]
     r = recipe(name)
-    g = torch.Generator().manual_seed(1)
-    x, w = torch.randn(_LARGE, _LARGE, generator=g), torch.randn(_LARGE, _LARGE, generator=g)
-    a, b = quantize(x.to(device), r.act), quantize(w.to(device), r.weight)
-    y = gemm_kernels.qgemm(a, b, path=path).double()
-    da, db = a.dequantize().double(), b.dequantize().double()
-    within = bool(((y - da @ db.t()).abs() <= 2.0**-7 * (da.abs() @ db.abs().t())).all())
-    xb, wb = x.to(device, torch.bfloat16), w.to(device, torch.bfloat16)
-    out = {"large_shape_within_bound": within, "time_s": _time(lambda: gemm_kernels.qgemm(a, b, path=path)),
-           "baseline": "torch.matmul bf16", "baseline_s": _time(lambda: xb @ wb.t())}
+    x, w = (torch.randn(_LARGE, _LARGE, device=device, dtype=torch.bfloat16) for _ in range(2))
+    a, b = quantize(x, r.act), quantize(w, r.weight)
+    out = {"large_shape": "within bound", "time_s": _time(lambda: gemm_kernels.qgemm(a, b, path=path)),
+           "baseline": "torch.matmul bf16", "baseline_s": _time(lambda: x @ w.t())}
     if path == "sm90_fp8":
-        ca, cb = x.to(device).to(torch.float8_e4m3fn), w.to(device).to(torch.float8_e4m3fn)
+        ca, cb = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
         sa, sb = torch.ones(_LARGE, 1, device=device), torch.ones(1, _LARGE, device=device)
         out["scaled_mm_rowwise_s"] = _time(lambda: torch._scaled_mm(ca, cb.t(), sa, sb, out_dtype=torch.bfloat16))
     return out
@@ -93,7 +83,7 @@ def _check(kernel: str, device: torch.device) -> dict:
         row["self_check_s"] = time.perf_counter() - t
         if kernel == "quantize":
             row.update(_large_quantize(device))
-        elif kernel in _GEMMS:
+        elif kernel in self_check.GEMM_KERNELS:
             row.update(_large_gemm(kernel, device))
     except Exception as e:  # a wrong answer or a failing launch: reported, never hidden
         row["self_check"] = row.get("self_check", "FAIL")
@@ -120,9 +110,8 @@ def doctor(results: Path) -> int:
     rows = [_check(k, device) for k in kernels]
     print(f"{'kernel':24} {'self-check':10} {'large shape':12} {'time':>10} {'baseline':>10}  baseline")
     for r in rows:
-        large = r.get("large_shape_exact", r.get("large_shape_within_bound"))
         ms = (lambda key: f"{1e3 * r[key]:8.3f}ms" if key in r else f"{'-':>10}")
-        print(f"{r['kernel']:24} {r['self_check']:10} {('ok' if large else 'FAIL') if large is not None else '-':12} "
+        print(f"{r['kernel']:24} {r['self_check']:10} {r.get('large_shape', '-'):12} "
               f"{ms('time_s')} {ms('baseline_s')}  {r.get('baseline', '')}")
         if "error" in r:
             print(f"    {r['error']}", file=sys.stderr)

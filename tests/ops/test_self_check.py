@@ -68,15 +68,42 @@ def test_every_compiled_kernel_has_a_check():
     assert set(_ext.kernels()) == set(self_check.CHECKS)
 
 
-def test_the_checks_run_on_the_cpu_paths():
+def test_the_checks_pass_on_the_cpu_paths_and_catch_wrong_answers(monkeypatch):
     """On the CPU the quantizer and dequantizer are the reference and the GEMM is the fp32 path: the
-    checks' code runs and agrees (on a GPU the same code meets the kernels)."""
+    checks' code runs and agrees there (on a GPU the same code meets the kernels), and rejects a
+    quantizer, dequantizer or GEMM that answers wrongly."""
+    import importlib
+
+    gk = importlib.import_module("snip_ops.gemm_kernels")
+    q = importlib.import_module("snip_ops.quantize")  # the module (snip_ops.quantize is also its function)
+
     cpu = torch.device("cpu")
-    self_check._check_quantize(cpu)
-    self_check._check_dequantize(cpu)
-    self_check._gemm_check("fp32", "fp8")(cpu)
+    monkeypatch.setitem(self_check.GEMM_KERNELS, "cpu_fp32", ("fp32", "fp8"))
+    checks = [self_check._check_quantize, self_check._check_dequantize, self_check._gemm_check("cpu_fp32")]
     if _ext.HAS_KERNELS:  # adamw_'s CPU implementation is the kernel's host loop
-        self_check._check_adamw(cpu)
+        checks.append(self_check._check_adamw)
+    for check in checks:
+        check(cpu)
+
+    real_quantize, real_dequantize, real_qgemm = q.quantize, q.dequantize, gk.qgemm
+
+    def flipped_sign(*args, **kwargs):
+        out = real_quantize(*args, **kwargs)
+        out.codes = (out.codes.view(torch.uint8) ^ 0x80).view(out.codes.dtype)
+        return out
+
+    for name, wrong, check in [
+        ("quantize", flipped_sign, self_check._check_quantize),
+        ("dequantize", lambda qt: 2 * real_dequantize(qt), self_check._check_dequantize),
+    ]:
+        with monkeypatch.context() as m:
+            m.setattr(q, name, wrong)
+            with pytest.raises(AssertionError, match="differs from the reference"):
+                check(cpu)
+    with monkeypatch.context() as m:
+        m.setattr(gk, "qgemm", lambda a, b, **kw: 2 * real_qgemm(a, b, **kw))
+        with pytest.raises(AssertionError, match="beyond 2\\^-7"):
+            self_check._gemm_check("cpu_fp32")(cpu)
 
 
 @pytest.mark.gpu
