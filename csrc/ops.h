@@ -36,9 +36,10 @@ at::Tensor dequantize_meta(const at::Tensor& codes, const at::Tensor& scales,
 
 namespace snip {
 
-#if SNIP_HAS_SM90
-// Hopper FP8 E4M3 block-scaled GEMM, out = A[M, K] . B[N, K]^T (+ bias): sfa [ceil(K/128), >=M]
-// and sfb [ceil(K/128), >=ceil(N/b_block)] FP32, MN-major; b_block 128 (128x128) or 1 (1x128).
+#if SNIP_HAS_SM90 || SNIP_HAS_SM100
+// FP8 block-scaled GEMM with FP32 scales (Hopper wgmma or Blackwell tcgen05 kernels, by the device's
+// arch), out = A[M, K] . B[N, K]^T (+ bias): A E4M3 or E5M2, B E4M3; sfa [ceil(K/128), >=M] and
+// sfb [ceil(K/128), >=ceil(N/b_block)] FP32, MN-major; b_block 128 (128x128) or 1 (1x128).
 at::Tensor fp8_gemm_nt_blockwise(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
                                  const at::Tensor& sfb, int64_t b_block, c10::ScalarType out_dtype,
                                  const std::optional<at::Tensor>& bias, c10::string_view config);
@@ -52,24 +53,29 @@ void fp8_gemm_nt_blockwise_acc(const at::Tensor& a, const at::Tensor& sfa, const
 void fp8_gemm_nt_blockwise_acc_meta(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
                                     const at::Tensor& sfb, int64_t b_block, const at::Tensor& out,
                                     c10::string_view config);
-// The tile configuration the heuristic picks (no device needed).
+// The instantiation and tile configuration the heuristic picks for an sm_<arch>a device with
+// num_sms SMs and A of a_dtype (no device needed).
 std::string fp8_gemm_nt_blockwise_config(int64_t m, int64_t n, int64_t k, int64_t b_block,
-                                         c10::ScalarType out_dtype, int64_t num_sms, c10::string_view config);
+                                         c10::ScalarType out_dtype, int64_t num_sms, c10::string_view config,
+                                         int64_t arch, c10::ScalarType a_dtype);
 #endif
 
 #if SNIP_HAS_SM100
-// Blackwell block-scaled GEMMs -> BF16 [M, N]; scales in CUTLASS's blocked layout
-// (snip_ops.scale_layout.to_blackwell); alpha: one FP32 (nvfp4's product of tensor scales).
+// Blackwell block-scaled GEMMs -> [M, N] of out_dtype (BF16, or FP32 for wgrad); scales in
+// CUTLASS's blocked layout (snip_ops.scale_layout.to_blackwell); alpha: one FP32 (nvfp4's product
+// of tensor scales).
 at::Tensor nvfp4_gemm_nt(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb,
-                         const at::Tensor& alpha);
+                         const at::Tensor& alpha, c10::ScalarType out_dtype);
 at::Tensor nvfp4_gemm_nt_meta(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
-                              const at::Tensor& sfb, const at::Tensor& alpha);
-at::Tensor mxfp4_gemm_nt(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb);
+                              const at::Tensor& sfb, const at::Tensor& alpha, c10::ScalarType out_dtype);
+at::Tensor mxfp4_gemm_nt(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb,
+                         c10::ScalarType out_dtype);
 at::Tensor mxfp4_gemm_nt_meta(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
-                              const at::Tensor& sfb);
-at::Tensor mxfp8_gemm_nt(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb);
+                              const at::Tensor& sfb, c10::ScalarType out_dtype);
+at::Tensor mxfp8_gemm_nt(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb,
+                         c10::ScalarType out_dtype);
 at::Tensor mxfp8_gemm_nt_meta(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
-                              const at::Tensor& sfb);
+                              const at::Tensor& sfb, c10::ScalarType out_dtype);
 #endif
 
 }  // namespace snip

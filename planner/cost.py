@@ -9,7 +9,10 @@ here as (m, n, k) = (output rows, output columns, reduced dimension):
 
 all 2*M*N*K FLOPs. A cost model prices one GEMM in one format; a `Budget` bounds the plan, either as
 "at least X of the linear FLOPs in 4-bit formats" or as "total cost at most r times the all-bf16
-cost" under a cost model.
+cost" under a cost model. `TheoreticalCost()` prices each recipe at its nominal speed-up;
+`TheoreticalCost(arch=(9, 0))` at the speed of the GEMM path each of its GEMMs actually takes on that
+GPU (snip_ops.gemm_kernels.gemm_path: e.g. FP4 on Hopper runs on the FP8 kernel, MX/NV formats there
+on BF16 tensor cores).
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from typing import Literal, Mapping, Protocol
 from snip_ops.formats import GEMMS, recipe
 
 __all__ = [
-    "LayerShape", "gemm_shape", "gemm_flops", "is_fp4", "CostModel", "TheoreticalCost", "MeasuredCost",
-    "Budget", "PlanMetrics", "plan_metrics",
+    "LayerShape", "gemm_shape", "gemm_flops", "is_fp4", "CostModel", "TheoreticalCost", "PATH_SPEEDUP",
+    "MeasuredCost", "Budget", "PlanMetrics", "plan_metrics",
 ]
 
 
@@ -65,14 +68,60 @@ class CostModel(Protocol):
     def gemm_cost(self, layer: LayerShape, gemm: str, precision: str) -> float: ...
 
 
+# Throughput over a BF16 GEMM of each path of snip_ops.gemm_kernels.qgemm, on the GPU it runs on.
+PATH_SPEEDUP: Mapping[str, float] = {
+    "sm90_fp8": 2.0,
+    "sm90_fp4": 2.0,        # FP4 on Hopper is the FP8 kernel on re-encoded codes
+    "sm100_fp8": 2.0,
+    "sm100_fp4": 2.0,       # FP32-scaled FP4: the FP8 blockwise kernel, as on Hopper
+    "sm100_mxfp8": 2.0,
+    "sm100_nvfp4": 4.0,
+    "sm100_mxfp4": 4.0,
+    "bf16_exact": 1.0,      # a BF16 GEMM of the dequantized operands
+    # A BF16 GEMM per 128-wide K chunk whose FP32 partial sums go through memory: memory-bound,
+    # about 5-30x below a BF16 GEMM depending on the GPU's FLOP/byte ratio; 1/8 is a middle estimate
+    # (MeasuredCost has the real number).
+    "blockwise_bf16": 1.0 / 8,
+    "fp32": 1.0 / 16,       # an FP64 GEMM on a GPU (H100's FP64 tensor-core rate; slower on most)
+}
+
+
 @dataclass(frozen=True)
 class TheoreticalCost:
-    """GEMM FLOPs divided by the format's throughput factor over BF16 (bf16 1, fp8 2, fp4 4)."""
+    """GEMM FLOPs divided by a throughput factor over BF16.
+
+    arch None (default): the recipe's nominal factor (bf16 1, fp8 2, fp4 4), whatever runs it.
+    arch (major, minor): the factor of the path (PATH_SPEEDUP) that the GEMM takes on a GPU of that
+    compute capability with every kernel built, by snip_ops.gemm_kernels.gemm_path -- qgemm's own
+    rules, so the price follows what actually runs (FP4 on sm_90 at FP8 speed, MX/NV formats there
+    at BF16 speed, FP32-scaled formats without a kernel below it).
+    """
 
     name: str = "theoretical"
+    arch: tuple[int, int] | None = None
+
+    def __post_init__(self):
+        if self.arch is not None:
+            arch = tuple(self.arch)
+            if len(arch) != 2 or not all(isinstance(v, int) and v >= 0 for v in arch):
+                raise ValueError(f"arch must be a compute capability (major, minor), got {self.arch!r}")
+            object.__setattr__(self, "arch", arch)
+            if self.name == "theoretical":
+                object.__setattr__(self, "name", f"theoretical_sm{arch[0]}{arch[1]}")
+
+    def speedup(self, layer: LayerShape, gemm: str, precision: str) -> float:
+        """The GEMM's throughput factor over BF16 under this model."""
+        r = recipe(precision)
+        if self.arch is None or r.is_bf16:
+            return r.speedup
+        if None in (r.act, r.weight, r.grad):  # partly quantized: emulated (snip_ops.gemm), in FP64 on a GPU
+            return PATH_SPEEDUP["fp32"]
+        from snip_ops.gemm_kernels import gemm_path
+
+        return PATH_SPEEDUP[gemm_path(r, gemm, self.arch, mnk=gemm_shape(layer, gemm)).path]
 
     def gemm_cost(self, layer: LayerShape, gemm: str, precision: str) -> float:
-        return gemm_flops(layer, gemm) / recipe(precision).speedup
+        return gemm_flops(layer, gemm) / self.speedup(layer, gemm, precision)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 # Proves from the built binary (not from build logs) that every kernel listed in the extension's
 # build_info was compiled to SASS for each arch it claims, and that those archs are the ones
 # requested (SNIP_CUDA_ARCHS, default "90a;100a"). Convention (csrc/README.md): the mangled name of
-# every __global__ function of op X contains X.
+# every __global__ function of op X contains X. GEMM kernels (names with "gemm"; their entry is
+# <name>_kernel) must also run on tensor cores: every one of their functions holds an FP8/FP4
+# tensor-core MMA -- QGMMA (wgmma with FP8 operands) on sm_90a, UTC*MMA (tcgen05) on sm_100a.
 # Usage: scripts/check_sass.sh [path/to/_C.so]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +33,8 @@ for arch in $want; do
   if ! grep -q "\.${arch}\.cubin" <<<"$elves"; then
     echo "check_sass: FAIL no ${arch} cubin in $so" >&2; fail=1; continue
   fi
-  functions=$("$cuobjdump" -sass -arch "$arch" "$so" | grep "Function :" || true)
+  sass=$("$cuobjdump" -sass -arch "$arch" "$so")
+  functions=$(grep "Function :" <<<"$sass" || true)
   ops=$(echo "$info" | $PY -c "import json, sys; print('\n'.join(k for k, a in json.load(sys.stdin)['kernels'].items() if '$arch' in a))")
   for op in $ops; do
     n=$(grep -c -- "$op" <<<"$functions" || true)
@@ -39,6 +42,28 @@ for arch in $want; do
       echo "check_sass: ok   $arch $op: $n kernel(s) in SASS"
     else
       echo "check_sass: FAIL $arch $op: no kernel in SASS" >&2; fail=1
+    fi
+    case $op in *gemm*) ;; *) continue ;; esac
+    mma='\bQGMMA\.[0-9x]+\.F32\.E[45]M[23]\.E[45]M[23]\b'
+    [ "$arch" = sm_100a ] && mma='\bUTC\w*MMA\b'
+    # Per function of this GEMM's entry (<op>_kernel): its tensor-core MMA instructions.
+    report=$($PY -c "
+import re, sys
+text, op, mma = sys.stdin.read(), sys.argv[1], re.compile(sys.argv[2])
+for chunk in text.split('Function : ')[1:]:
+    name, _, body = chunk.partition('\n')
+    if op + '_kernel' in name:
+        found = sorted(set(mma.findall(body)))
+        print(len(mma.findall(body)), ' '.join(found) or '-')
+" "$op" "$mma" <<<"$sass")
+    if [ -z "$report" ]; then
+      echo "check_sass: FAIL $arch $op: no ${op}_kernel function" >&2; fail=1
+    elif grep -q -- " -$" <<<"$report"; then
+      echo "check_sass: FAIL $arch $op: a kernel without tensor-core MMA ($mma)" >&2; fail=1
+    else
+      while read -r count instrs; do
+        echo "check_sass: ok   $arch ${op}_kernel: $count x $instrs"
+      done <<<"$report"
     fi
   done
 done

@@ -10,25 +10,58 @@ reduction dimension), as DESIGN.md §3 lays out the three GEMMs of a linear laye
 Paths, fastest first; `select_path` takes the first one whose conditions hold and says why the
 others were refused (`qgemm(..., path=...)` forces one and raises with that reason instead):
 
-    "sm90_fp8"       Hopper (sm_90) CUTLASS kernel snip_C::fp8_gemm_nt_blockwise: E4M3 codes, FP32
-                     (or power-of-two) scales per 1x128 block of a, per 128x128 or 1x128 block of b.
+    "sm90_fp8"       Hopper (sm_90) CUTLASS kernel snip_C::fp8_gemm_nt_blockwise (wgmma): E4M3 or E5M2
+                     codes for a, E4M3 for b, FP32 (or power-of-two) scales per 1x128 block of a
+                     (128x128 blocks are expanded to rows), per 128x128 or 1x128 block of b; BF16 or
+                     FP32 output, in-place accumulation.
     "sm90_fp4"       the paper's FP4 (E2M1 with the same blocks and FP32 scales) on Hopper, which has
                      no FP4 tensor cores: every E2M1 value is exactly an E4M3 value, so the packed
                      nibbles are re-encoded as E4M3 bytes and the FP8 kernel computes the very same
                      products and sums -- exact emulation at FP8 speed.
+    "sm100_fp8" / "sm100_fp4"
+                     the same op, operands and scale layout on Blackwell (sm_100): its tcgen05
+                     blockwise kernel (CUTLASS example 81), E2M1 again re-encoded as E4M3.
     "sm100_nvfp4" / "sm100_mxfp4" / "sm100_mxfp8"
-                     Blackwell (sm_100) CUTLASS tcgen05 kernels, BF16 output. NOT RUN YET (no
-                     Blackwell GPU was available): only their host-side plumbing is tested.
+                     Blackwell CUTLASS tcgen05 block-scaled kernels, BF16 or FP32 output.
+                     The sm100 kernels have NOT RUN YET (no Blackwell GPU was available): only their
+                     host-side plumbing is tested.
     "bf16_exact"     any CUDA device: when every dequantized element is exactly a BF16 value
                      (power-of-two or E8M0 scales; nvfp4 with its FP32 tensor scale factored out
                      into an FP32 alpha), dequantize to BF16 and run a BF16 tensor-core GEMM with
                      FP32 accumulation and FP32 output.
-    "fp32"           dequantize to FP32 and multiply in FP32 (on a GPU in FP64, so that a global
-                     TF32 setting cannot apply): the reference numerics (snip_ops.gemm), any device.
+    "blockwise_bf16" any CUDA device, FP32 (or any) scales: the element values (codes; exact in BF16)
+                     of each K chunk over which both operands' scales are constant (128 for the fp8
+                     and fp4 recipes) multiplied by a BF16 tensor-core GEMM with FP32 accumulation and
+                     output (never TF32), each chunk's partial sums times SFA[m] * SFB[n] and summed
+                     in FP32 -- the blockwise kernels' arithmetic, a few chunks at a time.
+                     Memory-bound (every chunk's [M, N] partial sums pass through memory), so slower
+                     than a BF16 GEMM, yet far faster than FP64 where FP64 is slow. On the CPU only
+                     when forced (there the FP32 GEMM is exact and faster).
+    "fp32"           dequantize to FP32 and multiply in FP32: the reference numerics
+                     (snip_ops.gemm), the CPU's path. On a GPU it runs in FP64 (so that a global TF32
+                     setting cannot apply) and only when forced or when no other path is exact
+                     (elements wider than BF16, incompatible block shapes): then qgemm warns.
 
 All paths compute the same mathematical result -- the FP32 GEMM of the dequantized operands -- and
 differ only in summation order (and, for BF16 output, in one final rounding). Nothing is ever
 silently dropped: NaN scales (non-finite input blocks) propagate to the output.
+
+The path of every GEMM of every recipe, as `gemm_path(recipe, gemm, arch)` gives it (all kernels
+built and self-checked; operands as snip_ops.gemm quantizes them: fprop act x weight, dgrad grad x
+weight^T (the 128x128 blocks transposed), wgrad grad^T x act^T with blocks along M; BF16 output,
+FP32 for wgrad), tested in tests/ops/test_gemm_dispatch.py:
+
+    recipe        GEMM         CPU    sm_80 / sm_89 / sm_120   sm_90       sm_100
+    fp8           all three    fp32   blockwise_bf16           sm90_fp8    sm100_fp8
+    fp8_e5m2grad  all three    fp32   blockwise_bf16           sm90_fp8    sm100_fp8
+    fp4           all three    fp32   blockwise_bf16           sm90_fp4    sm100_fp4
+    mxfp8         all three    fp32   bf16_exact               bf16_exact  sm100_mxfp8
+    nvfp4         all three    fp32   bf16_exact               bf16_exact  sm100_nvfp4
+    mxfp4         all three    fp32   bf16_exact               bf16_exact  sm100_mxfp4
+
+(fp8_e5m2grad's dgrad and wgrad multiply E5M2 gradients by E4M3 operands; Hopper has no MX/NV FP4
+hardware, and those recipes' dequantized values are exactly BF16 values.) An sm_100a cubin does not
+run on sm_120 (consumer Blackwell), hence the BF16 paths there.
 
 Scale layouts the kernels read (conversions done here, documented in csrc/gemm/README.md):
   * Hopper: MN-major FP32 scales, `sfa[kb, m]` ([ceil(K/128), round_up(M, 4)]) and
@@ -42,22 +75,29 @@ K is padded with zero codes to the kernels' 16-byte TMA rows (16 FP8 / 32 FP4 el
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Callable
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
-from . import _ext
+from . import _ext, reference
 from .cast import decode
-from .formats import E2M1, E4M3, ScaleKind
-from .reference import QTensor, block_shape, dequantize
+from .formats import E2M1, E4M3, E5M2, GEMMS, ElementFormat, GemmRecipe, QuantSpec, ScaleKind, recipe
+from .quantize import dequantize
+from .reference import QTensor, block_shape, plain_scales, unpack_codes
+from .scale_layout import blackwell_shape
 
 __all__ = [
     "PATHS", "PathChoice", "select_path", "qgemm", "hopper_scales", "fp4_codes_as_e4m3",
-    "to_blocked_scales", "prepare_sm90", "prepare_sm100", "device_arch",
+    "to_blocked_scales", "prepare_sm90", "prepare_sm100", "device_arch", "scale_layout_for", "gemm_path",
+    "gemm_operand_specs",
 ]
 
-PATHS = ("sm90_fp8", "sm90_fp4", "sm100_nvfp4", "sm100_mxfp4", "sm100_mxfp8", "bf16_exact", "fp32")
+PATHS = ("sm90_fp8", "sm90_fp4", "sm100_fp8", "sm100_fp4", "sm100_nvfp4", "sm100_mxfp4", "sm100_mxfp8",
+         "bf16_exact", "blockwise_bf16", "fp32")
 _OUT_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
 _SCALE_K = 128
 
@@ -93,25 +133,49 @@ def _check_pair(a: QTensor, b: QTensor) -> None:
         raise ValueError(f"qgemm: a is on {a.codes.device} but b is on {b.codes.device}")
 
 
-def _fp8_kernel_operand(q: QTensor, role: str) -> str | None:
-    """Why q cannot feed the Hopper FP8 kernel (None: it can). role 'a' or 'b'."""
+# The rules below read only an operand's `spec` and `shape` (a QTensor, or `_Operand` where
+# `gemm_path` asks about a recipe without tensors): one set of rules for both.
+
+
+@dataclass(frozen=True)
+class _Operand:
+    spec: QuantSpec
+    shape: tuple[int, int]
+
+
+def _fp8_kernel_operand(q, role: str) -> str | None:
+    """Why q cannot feed the FP8 blockwise kernels (None: it can). role 'a' or 'b'."""
     s = q.spec
-    if s.element not in (E4M3, E2M1):
-        return f"{role}: element {s.element.name} (the kernel takes E4M3, or E2M1 re-encoded as E4M3)"
+    elements = (E4M3, E5M2, E2M1) if role == "a" else (E4M3, E2M1)
+    if s.element not in elements:
+        return (f"{role}: element {s.element.name} (the kernels take E4M3 or E5M2 a, E4M3 b; E2M1 re-encoded "
+                f"as E4M3)")
     if s.scale not in (ScaleKind.FP32, ScaleKind.POW2):
-        return f"{role}: scale {s.scale.value} (the kernel takes FP32 scales)"
+        return f"{role}: scale {s.scale.value} (the kernels take FP32 scales)"
     br, bc = block_shape(s, q.shape)
     if bc != _SCALE_K or s.block[1] == 0:
-        return f"{role}: blocks of {s.block[1]} along K (the kernel needs 128)"
+        return f"{role}: blocks of {s.block[1]} along K (the kernels need 128)"
     if br not in (1, 128) or s.block[0] == 0:
-        return f"{role}: blocks of {s.block[0]} rows (the kernel takes 1x128 or 128x128 blocks)"
+        return f"{role}: blocks of {s.block[0]} rows (the kernels take 1x128 or 128x128 blocks)"
     return None
 
 
-def _bf16_exact_operand(q: QTensor) -> str | None:
+def _fp8_kernel(arch, a) -> str:
+    """The kernel (snip_ops._ext.kernels() name) the FP8 blockwise op runs for operand a on `arch`:
+    one per arch and A element type, each self-checked on its own."""
+    e5m2 = "_e5m2" if a.spec.element == E5M2 else ""
+    return f"fp8_gemm_nt_blockwise{e5m2}" + ("_sm100" if arch == (10, 0) else "")
+
+
+def _bf16_element(e: ElementFormat) -> bool:
+    """Every value of the element format is exactly a BF16 value."""
+    return e.man_bits <= 7 and e.emax <= 127 and e.emin - e.man_bits >= -133
+
+
+def _bf16_exact_operand(q) -> str | None:
     """Why dequantize(q) may not be exactly representable in BF16 (None: it is)."""
     e = q.spec.element
-    if e.man_bits > 7 or e.emax > 127 or e.emin - e.man_bits < -133:
+    if not _bf16_element(e):
         return f"element {e.name} has more precision or range than BF16"
     if q.spec.scale in (ScaleKind.NONE, ScaleKind.POW2, ScaleKind.E8M0):
         return None
@@ -120,76 +184,146 @@ def _bf16_exact_operand(q: QTensor) -> str | None:
     return f"{q.spec.scale.value} scales are not powers of two"
 
 
-def _blackwell_kind(a: QTensor, b: QTensor) -> str | None:
-    sa, sb = a.spec, b.spec
-    if (sa.element, sa.block, sa.scale) != (sb.element, sb.block, sb.scale):
-        return None
-    if sa.element == E2M1 and sa.block == (1, 16) and sa.scale == ScaleKind.NVFP4:
+def _k_chunk(a, b) -> int | None:
+    """The widest K chunk over which both operands' scales are constant: the smaller of their K
+    blocks when it divides the larger (a block spanning all of K never constrains); None if none."""
+    k = a.shape[1]
+    blocks = [bc for q in (a, b) for bc in [block_shape(q.spec, q.shape)[1]] if bc < k]
+    if not blocks:
+        return max(k, 1)
+    c = min(blocks)
+    return c if all(bc % c == 0 for bc in blocks) else None
+
+
+def _blackwell_format(spec: QuantSpec) -> str | None:
+    """The Blackwell block-scaled format ("nvfp4", "mxfp4", "mxfp8") whose operands look like `spec`."""
+    if spec.element == E2M1 and spec.block == (1, 16) and spec.scale == ScaleKind.NVFP4:
         return "nvfp4"
-    if sa.element == E2M1 and sa.block == (1, 32) and sa.scale == ScaleKind.E8M0:
+    if spec.element == E2M1 and spec.block == (1, 32) and spec.scale == ScaleKind.E8M0:
         return "mxfp4"
-    if sa.element == E4M3 and sa.block == (1, 32) and sa.scale == ScaleKind.E8M0:
+    if spec.element == E4M3 and spec.block == (1, 32) and spec.scale == ScaleKind.E8M0:
         return "mxfp8"
     return None
 
 
-def _why_not(path: str, a: QTensor, b: QTensor, arch, out_dtype, accumulate: bool) -> str | None:
-    """None if `path` can compute this GEMM exactly on this device, else the reason."""
-    device = a.codes.device
-    if path in ("sm90_fp8", "sm90_fp4"):
-        if arch != (9, 0):
-            return f"needs an sm_90 GPU (device {device} is {_arch_str(arch)})"
-        if not _ext.kernel_available("fp8_gemm_nt_blockwise", device):
-            return "no usable fp8_gemm_nt_blockwise kernel for sm_90a (not built, or failed its self-check)"
+def _blackwell_kind(a: QTensor, b: QTensor) -> str | None:
+    kind = _blackwell_format(a.spec)
+    return kind if kind is not None and _blackwell_format(b.spec) == kind else None
+
+
+def scale_layout_for(spec: QuantSpec, device) -> str:
+    """The scale layout (`reference.QTensor.scale_layout`) in which to quantize an operand of `spec`
+    bound for a GEMM on `device`: "blackwell" where a Blackwell block-scaled kernel for its format
+    is usable there (the quantizer then writes the layout that kernel reads), else "plain"."""
+    kind = _blackwell_format(spec)
+    if kind is None or device_arch(device) != (10, 0) or not _ext.kernel_available(f"{kind}_gemm_nt", device):
+        return "plain"
+    return "blackwell"
+
+
+def _why_not(path: str, a, b, arch, available: Callable[[str], bool]) -> str | None:
+    """None if `path` can compute a . b^T exactly on a device of compute capability `arch` (None: not a
+    CUDA device) with the kernels `available` says it has, else the reason."""
+    if path in ("sm90_fp8", "sm90_fp4", "sm100_fp8", "sm100_fp4"):
+        want = (9, 0) if path.startswith("sm90_") else (10, 0)
+        if arch != want:
+            return f"needs an sm_{want[0]}{want[1]} GPU (this device is {_arch_str(arch)})"
         for q, role in ((a, "a"), (b, "b")):
             why = _fp8_kernel_operand(q, role)
             if why:
                 return why
-            if q.tensor_scale is not None:
-                return f"{role} has a tensor scale"
+        kernel = _fp8_kernel(arch, a)
+        if not available(kernel):
+            return f"no usable {kernel} kernel (not built, or failed its self-check)"
         fp4 = E2M1 in (a.spec.element, b.spec.element)
-        if (path == "sm90_fp4") != fp4:
-            return "E2M1 operands go through sm90_fp4" if fp4 else "no E2M1 operand (use sm90_fp8)"
+        if path.endswith("_fp4") != fp4:
+            return "E2M1 operands go through the _fp4 path" if fp4 else "no E2M1 operand (the _fp8 path)"
         return None
-    if path.startswith("sm100_"):
+    if path in ("sm100_nvfp4", "sm100_mxfp4", "sm100_mxfp8"):
         if arch != (10, 0):
-            return f"needs an sm_100 GPU (device {device} is {_arch_str(arch)})"
+            return f"needs an sm_100 GPU (this device is {_arch_str(arch)})"
         kind = path.removeprefix("sm100_")
         if _blackwell_kind(a, b) != kind:
             return f"operands are not both {kind} ({a.spec.describe()} x {b.spec.describe()})"
-        if not _ext.kernel_available(f"{kind}_gemm_nt", device):
-            return f"no usable {kind}_gemm_nt kernel for sm_100a (not built, or failed its self-check)"
-        if out_dtype != torch.bfloat16 or accumulate:
-            return "the Blackwell kernels write BF16 only (no FP32 output or accumulation)"
+        if not available(f"{kind}_gemm_nt"):
+            return f"no usable {kind}_gemm_nt kernel (not built, or failed its self-check)"
         return None
     if path == "bf16_exact":
-        if device.type != "cuda":
+        if arch is None:
             return "a CPU GEMM gains nothing from BF16 (fp32 is exact)"
         for q, role in ((a, "a"), (b, "b")):
             why = _bf16_exact_operand(q)
             if why:
                 return f"{role}: {why}"
         return None
+    if path == "blockwise_bf16":
+        for q, role in ((a, "a"), (b, "b")):
+            if not _bf16_element(q.spec.element):
+                return f"{role}: element {q.spec.element.name} has more precision or range than BF16"
+        if _k_chunk(a, b) is None:
+            return f"no common K chunk of constant scales ({a.spec.describe()} x {b.spec.describe()})"
+        return None
     if path == "fp32":
         return None
     raise ValueError(f"unknown GEMM path {path!r}; known: {', '.join(PATHS)}")
+
+
+def _not_preferred(path: str, arch) -> str | None:
+    """Why select_path passes over a path that could run (it still runs when forced)."""
+    if path == "blockwise_bf16" and arch is None:
+        return "on the CPU the FP32 GEMM is exact (no TF32) and faster"
+    return None
 
 
 def _arch_str(arch) -> str:
     return "not a CUDA device" if arch is None else f"sm_{arch[0]}{arch[1]}"
 
 
-def select_path(a: QTensor, b: QTensor, *, out_dtype: torch.dtype = torch.bfloat16, accumulate: bool = False) -> PathChoice:
-    """The path `qgemm` takes for these operands on their device, and why faster ones were refused."""
-    _check_pair(a, b)
-    arch = device_arch(a.codes.device)
+def _choose(a, b, arch, available: Callable[[str], bool]) -> PathChoice:
     refused = {}
     for path in PATHS:
-        why = _why_not(path, a, b, arch, out_dtype, accumulate)
+        why = _why_not(path, a, b, arch, available) or _not_preferred(path, arch)
         if why is None:
             return PathChoice(path, refused)
         refused[path] = why
     raise AssertionError("the fp32 path accepts everything")  # pragma: no cover
+
+
+def select_path(a: QTensor, b: QTensor, *, out_dtype: torch.dtype = torch.bfloat16, accumulate: bool = False) -> PathChoice:
+    """The path `qgemm` takes for these operands on their device, and why faster ones were refused.
+    Every path writes BF16 or FP32 and accumulates into `out`, so `out_dtype` and `accumulate` (qgemm's
+    arguments, accepted here alike) do not change the choice."""
+    _check_pair(a, b)
+    device = a.codes.device
+    return _choose(a, b, device_arch(device), lambda kernel: _ext.kernel_available(kernel, device))
+
+
+def gemm_operand_specs(r: GemmRecipe, gemm: str) -> tuple[QuantSpec | None, QuantSpec | None]:
+    """(a, b) specs of one of a linear layer's GEMMs under recipe `r`, as snip_ops.gemm quantizes
+    them (blocks along each GEMM's K): fprop act x weight, dgrad grad x weight^T, wgrad grad^T x
+    act^T. None: that operand is not quantized (BF16)."""
+    specs = {"fprop": (r.act, r.weight), "dgrad": (r.grad, r.weight), "wgrad": (r.grad, r.act)}
+    if gemm not in specs:
+        raise ValueError(f"unknown GEMM {gemm!r}; expected one of {GEMMS}")
+    return specs[gemm]
+
+
+def gemm_path(r: GemmRecipe | str, gemm: str, arch: tuple[int, int] | None,
+              available: Callable[[str], bool] | None = None,
+              mnk: tuple[int, int, int] = (128, 128, 128)) -> PathChoice:
+    """The path qgemm takes for GEMM `gemm` ("fprop", "dgrad", "wgrad") of a linear layer under
+    recipe `r` on a device of compute capability `arch` (None: the CPU) -- `select_path`'s rules,
+    without tensors. `available(kernel)` says which kernels the device has (default: every kernel of
+    this library for that arch, built and self-checked); `mnk` (output rows, output columns, K) only
+    matters for blocks spanning a whole dimension. A bf16 recipe's GEMMs are plain BF16 matmuls,
+    not qgemm: ValueError."""
+    r = recipe(r)
+    a_spec, b_spec = gemm_operand_specs(r, gemm)
+    if a_spec is None or b_spec is None:
+        raise ValueError(f"GEMM {gemm} of recipe {r.name} has an unquantized operand: it does not run through qgemm")
+    m, n, k = mnk
+    a, b = _Operand(a_spec, (m, k)), _Operand(b_spec, (n, k))
+    return _choose(a, b, arch, available or (lambda kernel: arch is not None))
 
 
 # ---- operand conversions ---------------------------------------------------------------------------
@@ -197,9 +331,11 @@ def select_path(a: QTensor, b: QTensor, *, out_dtype: torch.dtype = torch.bfloat
 
 @lru_cache(maxsize=1)
 def _e2m1_to_e4m3_bytes() -> tuple[int, ...]:
-    """E4M3 byte of each of the 16 E2M1 codes (every E2M1 value is exactly an E4M3 value)."""
-    values = decode(torch.arange(16, dtype=torch.int64), E2M1)
-    return tuple(values.to(torch.float8_e4m3fn).view(torch.uint8).tolist())
+    """E4M3 byte of each of the 16 E2M1 codes (every E2M1 value is exactly an E4M3 value). Computed
+    on real tensors even when first asked from inside a trace (fake tensors have no values)."""
+    with _disable_current_modes():
+        values = decode(torch.arange(16, dtype=torch.int64), E2M1)
+        return tuple(values.to(torch.float8_e4m3fn).view(torch.uint8).tolist())
 
 
 def _e2m1_to_e4m3_lut(device: torch.device) -> torch.Tensor:
@@ -218,11 +354,14 @@ def fp4_codes_as_e4m3(q: QTensor) -> torch.Tensor:
     return both[:, : q.shape[1]].contiguous().view(torch.float8_e4m3fn)
 
 
-def _e4m3_codes(q: QTensor) -> torch.Tensor:
+def _fp8_codes(q: QTensor) -> torch.Tensor:
+    """q's codes as the FP8 blockwise op takes them: float8_e5m2 for E5M2, float8_e4m3fn for E4M3
+    and for E2M1 (re-encoded)."""
     if q.spec.element == E2M1:
         return fp4_codes_as_e4m3(q)
+    dtype = torch.float8_e5m2 if q.spec.element == E5M2 else torch.float8_e4m3fn
     codes = q.codes.contiguous()
-    return codes if codes.dtype == torch.float8_e4m3fn else codes.view(torch.float8_e4m3fn)
+    return codes if codes.dtype == dtype else codes.view(dtype)
 
 
 def _pad_2d(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -281,22 +420,22 @@ def _finish(y: torch.Tensor, n: int, out_dtype, bias, out) -> torch.Tensor:
 
 
 def prepare_sm90(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.bfloat16):
-    """The arguments of snip_C::fp8_gemm_nt_blockwise for a . b^T:
-    (a codes, sfa, b codes, sfb, b_block, padded N). Codes become E4M3 [rows, K padded to 16]
-    (E2M1 re-encoded), b gets zero rows up to the output's 16-byte row alignment, scales become
-    MN-major (`hopper_scales`)."""
+    """The arguments of snip_C::fp8_gemm_nt_blockwise for a . b^T (the sm90_* and sm100_fp8/fp4
+    paths: one op, one layout): (a codes, sfa, b codes, sfb, b_block, padded N). Codes become
+    [rows, K padded to 16] FP8 (E5M2 stays float8_e5m2, E2M1 is re-encoded as E4M3), b gets zero
+    rows up to the output's 16-byte row alignment, scales become MN-major (`hopper_scales`)."""
     m, k = a.shape
     n = b.shape[0]
     k_pad = _round_up(k, 16)
     n_pad = _round_up(n, 8 if out_dtype == torch.bfloat16 else 4)
-    ca = _pad_2d(_e4m3_codes(a), m, k_pad)
-    cb = _pad_2d(_e4m3_codes(b), n_pad, k_pad)
+    ca = _pad_2d(_fp8_codes(a), m, k_pad)
+    cb = _pad_2d(_fp8_codes(b), n_pad, k_pad)
     sfa, _ = hopper_scales(a, "a")
     sfb, b_block = hopper_scales(b, "b", rows=n_pad)
     return ca, sfa, cb, sfb, b_block, n_pad
 
 
-def _run_sm90(a: QTensor, b: QTensor, out_dtype, bias, out, config: str) -> torch.Tensor:
+def _run_fp8_blockwise(a: QTensor, b: QTensor, out_dtype, bias, out, config: str) -> torch.Tensor:
     n = b.shape[0]
     # In-place accumulation when `out` fits the kernel's alignment rules; otherwise an FP32 result
     # that is added to `out` (one rounding either way). FP16 output: FP32, then cast.
@@ -342,28 +481,40 @@ def prepare_sm100(kind: str, a: QTensor, b: QTensor):
     ca = _pad_2d(a.codes.contiguous(), m, k_pad // 2 if fp4 else k_pad)
     cb = _pad_2d(b.codes.contiguous(), n_pad, k_pad // 2 if fp4 else k_pad)
     n_sf = -(-k_pad // (16 if kind == "nvfp4" else 32))
-    sfa = to_blocked_scales(_pad_2d(a.scales, m, n_sf))
-    sfb = to_blocked_scales(_pad_2d(b.scales, n_pad, n_sf))
+    sfa, sfb = _blocked_scales(a, m, n_sf), _blocked_scales(b, n_pad, n_sf)
     alpha = None
     if kind == "nvfp4":
         alpha = (a.tensor_scale.float() * b.tensor_scale.float()).reshape(1)
     return ca, sfa, cb, sfb, alpha, n_pad
 
 
+def _blocked_scales(q: QTensor, rows: int, n_sf: int) -> torch.Tensor:
+    """q's scales in the Blackwell layout for a [rows, n_sf] scale grid: as the quantizer wrote them
+    (scale_layout "blackwell": its atoms already pad rows to 128 and scales per row to 4, with zero
+    bytes, which is what padding the plain grid gives), else relaid out here."""
+    if q.scale_layout == "blackwell" and tuple(q.scales.shape) == blackwell_shape(rows, n_sf):
+        return q.scales
+    return to_blocked_scales(_pad_2d(plain_scales(q), rows, n_sf))
+
+
 def _run_sm100(kind: str, a: QTensor, b: QTensor, out_dtype, bias, out) -> torch.Tensor:
+    # BF16 straight from the kernel only when that is the result; a bias, an FP32/FP16 result or
+    # accumulation into `out` take the FP32 output (one rounding after the GEMM's FP32 sum).
+    bf16 = out is None and bias is None and out_dtype == torch.bfloat16
+    kernel_dtype = torch.bfloat16 if bf16 else torch.float32
     ca, sfa, cb, sfb, alpha, _ = prepare_sm100(kind, a, b)
     if kind == "nvfp4":
-        y = torch.ops.snip_C.nvfp4_gemm_nt(ca, sfa, cb, sfb, alpha)
+        y = torch.ops.snip_C.nvfp4_gemm_nt(ca, sfa, cb, sfb, alpha, kernel_dtype)
     else:
-        y = getattr(torch.ops.snip_C, f"{kind}_gemm_nt")(ca, sfa, cb, sfb)
+        y = getattr(torch.ops.snip_C, f"{kind}_gemm_nt")(ca, sfa, cb, sfb, kernel_dtype)
     return _finish(y, b.shape[0], out_dtype, bias, out)
 
 
 def _dequant_bf16(q: QTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(BF16 values, FP32 factor to apply after the GEMM) -- exact for `_bf16_exact_operand`."""
     if q.spec.scale == ScaleKind.NVFP4:
-        bare = QTensor(q.codes, q.scales, q.spec, q.shape, None)  # q * b, exact in BF16
-        return dequantize(bare).to(torch.bfloat16), q.tensor_scale.float()
+        bare = QTensor(q.codes, q.scales, q.spec, q.shape, None, q.scale_layout)  # q * b, exact in BF16
+        return reference.dequantize(bare).to(torch.bfloat16), q.tensor_scale.float()
     return dequantize(q).to(torch.bfloat16), None
 
 
@@ -375,6 +526,54 @@ def _run_bf16(a: QTensor, b: QTensor, out_dtype, bias, out) -> torch.Tensor:
         if t is not None:
             y = y * t
     return _finish(y, b.shape[0], out_dtype, bias, out)
+
+
+# Bound on what one step of the blockwise_bf16 path holds: its chunks' FP32 partial sums and their
+# scale products, [chunks, M, N] each.
+_BLOCKWISE_STEP_BYTES = 1 << 28
+
+
+def _chunked_operand(q: QTensor, c: int, chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(element values [chunks, rows, c], FP32 scales [chunks, rows]) of q for the blockwise_bf16 path:
+    K zero-padded to chunks * c; values in BF16 on a GPU (exact: `_bf16_element`), FP32 on the CPU
+    (exact products, and a CPU BLAS has no BF16 GEMM with FP32 output); the scale of each row and
+    chunk (times nvfp4's tensor scale, as `dequantize` applies it)."""
+    rows = q.shape[0]
+    values = decode(unpack_codes(q), q.spec.element)
+    values = _pad_2d(values, rows, chunks * c).reshape(rows, chunks, c).transpose(0, 1)
+    values = values.to(torch.bfloat16 if values.is_cuda else torch.float32).contiguous()
+    br, bc = block_shape(q.spec, q.shape)
+    s = plain_scales(q)
+    if s is None:
+        return values, torch.ones(chunks, rows, device=values.device)
+    s = s.float()
+    if q.tensor_scale is not None:
+        s = s * q.tensor_scale
+    s = s.repeat_interleave(br, dim=0)[:rows]
+    col = torch.arange(chunks, device=s.device) * c // bc  # the scale column of each chunk
+    return values, s[:, col].t().contiguous()
+
+
+def _run_blockwise(a: QTensor, b: QTensor, out_dtype, bias, out) -> torch.Tensor:
+    """Per K chunk of constant scales: the element values' GEMM (BF16 tensor cores, FP32 accumulation
+    and output; FP32 on the CPU), times the chunk's SFA[m] * SFB[n], summed in FP32."""
+    m, k = a.shape
+    n = b.shape[0]
+    c = _k_chunk(a, b)
+    chunks = -(-k // c)
+    va, sa = _chunked_operand(a, c, chunks)
+    vb, sb = _chunked_operand(b, c, chunks)
+    y = torch.zeros(m, n, dtype=torch.float32, device=va.device)
+    step = max(1, min(chunks, _BLOCKWISE_STEP_BYTES // (8 * m * n)))
+    for j in range(0, chunks, step):
+        part = slice(j, j + step)
+        if va.is_cuda:
+            p = torch.bmm(va[part], vb[part].transpose(1, 2), out_dtype=torch.float32)
+        else:
+            p = torch.bmm(va[part], vb[part].transpose(1, 2))
+        p.mul_(sa[part, :, None] * sb[part, None, :])  # the scale product, then the partial sums times it
+        y += p.sum(dim=0)
+    return _finish(y, n, out_dtype, bias, out)
 
 
 def _run_fp32(a: QTensor, b: QTensor, out_dtype, bias, out) -> torch.Tensor:
@@ -403,8 +602,9 @@ def qgemm(
     `out` ([M, N] float32/bfloat16) is given, accumulated into it (`out += ...`) and returned.
 
     `path` forces one of PATHS (ValueError with the reason when it cannot compute this GEMM
-    exactly); by default the fastest exact one is taken (`select_path`). `config` is passed to the
-    Hopper kernel ("tile=64x128,raster=n,swizzle=2"; empty: its heuristic).
+    exactly); by default the fastest exact one is taken (`select_path`), and a GPU GEMM that finds
+    no faster exact path than FP64 ("fp32") says so with a RuntimeWarning. `config` is passed to
+    the FP8 blockwise kernels ("tile=64x128,raster=n,swizzle=2"; empty: their heuristic).
     """
     _check_pair(a, b)
     m, n = a.shape[0], b.shape[0]
@@ -423,21 +623,28 @@ def qgemm(
             raise ValueError(f"qgemm: bias must be 1-D [{n}], got shape {tuple(bias.shape)}")
         if bias.device != a.codes.device:
             raise ValueError(f"qgemm: bias is on {bias.device} but the operands are on {a.codes.device}")
-    accumulate = out is not None
+    device = a.codes.device
     if path is None:
-        path = select_path(a, b, out_dtype=out_dtype, accumulate=accumulate).path
+        choice = select_path(a, b, out_dtype=out_dtype, accumulate=out is not None)
+        path = choice.path
+        if path == "fp32" and device_arch(device) is not None:
+            warnings.warn(f"qgemm: no tensor-core path for {a.spec.describe()} x {b.spec.describe()} on {device} "
+                          f"(blockwise_bf16: {choice.refused['blockwise_bf16']}); running an FP64 GEMM",
+                          RuntimeWarning, stacklevel=2)
     else:
-        why = _why_not(path, a, b, device_arch(a.codes.device), out_dtype, accumulate)
+        why = _why_not(path, a, b, device_arch(device), lambda kernel: _ext.kernel_available(kernel, device))
         if why is not None:
             raise ValueError(f"qgemm: path {path!r} cannot run this GEMM: {why}")
     if m == 0 or n == 0 or a.shape[1] == 0:  # empty output, or an empty sum: 0 (+ bias)
         zero = torch.zeros(m, n, dtype=torch.float32, device=a.codes.device)
         return _finish(zero, n, out_dtype, bias, out)
-    if path in ("sm90_fp8", "sm90_fp4"):
-        return _run_sm90(a, b, out_dtype, bias, out, config)
+    if path in ("sm90_fp8", "sm90_fp4", "sm100_fp8", "sm100_fp4"):
+        return _run_fp8_blockwise(a, b, out_dtype, bias, out, config)
     if path.startswith("sm100_"):
         return _run_sm100(path.removeprefix("sm100_"), a, b, out_dtype, bias, out)
     if path == "bf16_exact":
         return _run_bf16(a, b, out_dtype, bias, out)
+    if path == "blockwise_bf16":
+        return _run_blockwise(a, b, out_dtype, bias, out)
     return _run_fp32(a, b, out_dtype, bias, out)
 

@@ -75,8 +75,13 @@ def _same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 _QUANT_SPECS = ("e4m3/1x128/fp32/rne", "e4m3/128x128/fp32/rne", "e5m2/1x128/pow2/sr", "e2m1/1x16/nvfp4/sr",
                 "e2m1/1x32/e8m0/sr", "e4m3/1x32/e8m0/rne", "e2m1/16x16/fp32/rne")
 
-# GEMM kernel -> (the qgemm path that runs it, the recipe whose operands it takes)
-GEMM_KERNELS = {"fp8_gemm_nt_blockwise": ("sm90_fp8", "fp8"), "nvfp4_gemm_nt": ("sm100_nvfp4", "nvfp4"),
+# GEMM kernel -> (the qgemm path that runs it, the recipe whose GEMMs' operands it takes; E5M2 x E4M3
+# is the fp8_e5m2grad recipe's dgrad and wgrad)
+GEMM_KERNELS = {"fp8_gemm_nt_blockwise": ("sm90_fp8", "fp8"),
+                "fp8_gemm_nt_blockwise_e5m2": ("sm90_fp8", "fp8_e5m2grad"),
+                "fp8_gemm_nt_blockwise_sm100": ("sm100_fp8", "fp8"),
+                "fp8_gemm_nt_blockwise_e5m2_sm100": ("sm100_fp8", "fp8_e5m2grad"),
+                "nvfp4_gemm_nt": ("sm100_nvfp4", "nvfp4"),
                 "mxfp4_gemm_nt": ("sm100_mxfp4", "mxfp4"), "mxfp8_gemm_nt": ("sm100_mxfp8", "mxfp8")}
 
 
@@ -96,23 +101,32 @@ def quantize_case(device: torch.device, spec_text: str, dtype: torch.dtype, rows
 
 
 def gemm_case(device: torch.device, kernel: str, m: int, n: int, k: int) -> None:
-    """The GEMM `kernel` (through gemm_kernels.qgemm) against the FP64 product of its dequantized
-    operands: within 2^-7 |a| |b|^T elementwise (which also covers a BF16 output's 2^-9)."""
+    """The GEMM `kernel` (through gemm_kernels.qgemm) on the operands of its recipe's fprop, dgrad and
+    wgrad (a [m, k], b [n, k], blocks along k as each GEMM quantizes them), writing BF16 and FP32,
+    against the FP64 product of the dequantized operands: within 2^-7 |a| |b|^T elementwise (which
+    also covers a BF16 output's 2^-9)."""
     from . import gemm_kernels
-    from .formats import recipe
+    from .formats import GEMMS, recipe
     from .quantize import quantize
 
     path, recipe_name = GEMM_KERNELS[kernel]
     r = recipe(recipe_name)
-    out_dtype = torch.bfloat16 if path.startswith("sm100_") else torch.float32  # the sm100 kernels write BF16
-    x, w = _data(m, k, torch.float32), _data(n, k, torch.float32) * 1e-2
-    a, b = quantize(x.to(device), r.act), quantize(w.to(device), r.weight)
-    y = gemm_kernels.qgemm(a, b, out_dtype=out_dtype, path=path).cpu().double()
-    da, db = a.dequantize().cpu().double(), b.dequantize().cpu().double()
-    err = (y - da @ db.t()).abs()
-    if not bool((err <= 2.0**-7 * (da.abs() @ db.abs().t()) + 1e-30).all()):
-        raise AssertionError(f"{path} on {recipe_name} [{m}, {n}, {k}]: error {float(err.max()):.3g} "
-                             f"beyond 2^-7 |a| |b|^T")
+    for gemm in GEMMS:
+        a_spec, b_spec = gemm_kernels.gemm_operand_specs(r, gemm)
+        # fprop quantizes x and w as they are; dgrad w^T, wgrad dy^T and x^T from their transposes.
+        a_t, b_t = gemm == "wgrad", gemm != "fprop"
+        x = _data(k, m, torch.float32) if a_t else _data(m, k, torch.float32)
+        w = (_data(k, n, torch.float32) if b_t else _data(n, k, torch.float32)) * 1e-2
+        a = quantize(x.to(device), a_spec, transpose=a_t)
+        b = quantize(w.to(device), b_spec, transpose=b_t)
+        da, db = a.dequantize().cpu().double(), b.dequantize().cpu().double()
+        ref, mag = da @ db.t(), da.abs() @ db.abs().t()
+        for out_dtype in (torch.bfloat16, torch.float32):
+            y = gemm_kernels.qgemm(a, b, out_dtype=out_dtype, path=path).cpu().double()
+            err = (y - ref).abs()
+            if not bool((err <= 2.0**-7 * mag + 1e-30).all()):
+                raise AssertionError(f"{path} on {recipe_name} {gemm} [{m}, {n}, {k}] -> {out_dtype}: error "
+                                     f"{float(err.max()):.3g} beyond 2^-7 |a| |b|^T")
 
 
 def _check_quantize(device: torch.device) -> None:

@@ -72,6 +72,13 @@ def qgemm_error_bound(path: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tens
     operands a [M, K], b [N, K], up to the path's own output (FP32; BF16 from the sm100 kernels, whose
     rounding `then_rounded` adds). Per path:
       sm90_fp8, sm90_fp4  the Hopper tensor-core bound above.
+      sm100_fp8, sm100_fp4  Blackwell's blockwise kernel (the same per-block scaling and promotion),
+                          its tcgen05 accumulation within a block assumed no worse than Hopper's.
+      blockwise_bf16      per K chunk (c <= K wide) of constant scales a BF16 tensor-core GEMM of the
+                          element values, accumulation truncating (2 gamma_c), the chunk's scale product
+                          and its product with the partial sums (gamma_2), the sum of the chunks
+                          (gamma_{K/c}, <= gamma_K), the reference operands' roundings (gamma_6):
+                          within gamma_{3K+8}.
       sm100_*             Blackwell block-scaled tcgen05 MMAs, assumed to accumulate in FP32 (CUTLASS's
                           float accumulator; not yet run), products and block scales exact: gamma_K.
       bf16_exact          BF16 tensor cores whose FP32 accumulation truncates instead of rounding
@@ -79,8 +86,12 @@ def qgemm_error_bound(path: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tens
       fp32                an FP64 GEMM (on a GPU) rounded to FP32; on the CPU an FP32 GEMM.
     sm100_* and bf16_exact add 6 roundings per product term: the nvfp4 tensor scales applied to the sum
     (2) and the reference's dequantized operands (code times scale times tensor scale, 2 each)."""
-    if path in ("sm90_fp8", "sm90_fp4"):
+    if path in ("sm90_fp8", "sm90_fp4", "sm100_fp8", "sm100_fp4"):
         return tensor_core_fp8_gemm_error_bound(a, b)
+    if path == "blockwise_bf16":
+        k = a.shape[-1]
+        mag = abs_product(a, b) * (1 + gamma(k, torch.float64))
+        return gamma(3 * k + 8) * mag + 2 * k * torch.finfo(torch.float32).tiny
     scales = gamma(6) * abs_product(a, b)
     if path.startswith("sm100_"):
         return gemm_error_bound(a, b) + scales

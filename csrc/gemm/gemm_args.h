@@ -25,12 +25,12 @@ struct LaunchResult {
 // Tile-scheduler knobs that are runtime arguments (no recompilation): raster order and swizzle.
 enum class Raster : int { kHeuristic = 0, kAlongM = 1, kAlongN = 2 };
 
-// ---- Hopper FP8 block-scaled GEMM (csrc/gemm/sm90) --------------------------------------------
+// ---- FP8 block-scaled GEMM with FP32 scales (csrc/gemm/sm90, csrc/gemm/sm100) -------------------
 //
 //   D = sum_kb (SFA[kb, m] * SFB[kb, n / b_block]) * (A[m, kb*128 : ...] . B[n, kb*128 : ...])
 //       (+ bias[n]) (+ D when accumulate)
 //
-// A, B: E4M3 codes. SFA: one FP32 scale per 1x128 block of A (per row m and K-block kb), stored
+// A: E4M3 or E5M2 codes (the variant's Fp8Element), B: E4M3 codes. SFA: one FP32 scale per 1x128 block of A (per row m and K-block kb), stored
 // MN-major: element (kb, m) at sfa[kb * ld_sfa + m], m < sfa_rows. SFB: one FP32 scale per
 // b_block x 128 block of B (b_block = 128: the 128x128 weight blocks; b_block = 1: 1x128 rows),
 // element (kb, j) at sfb[kb * ld_sfb + j], j < sfb_rows. sfa_rows >= M and sfb_rows >=
@@ -57,19 +57,25 @@ struct Fp8BlockwiseArgs {
   int swizzle = 1;  // 1, 2, 4 or 8
 };
 
+// The element type of A (B is always E4M3): E5M2 is the fp8_e5m2grad recipe's gradient.
+enum class Fp8Element : int { kE4M3 = 0, kE5M2 = 1 };
+
 struct Fp8BlockwiseVariant {
-  const char* name;  // e.g. "b128_bf16_128x128"
+  const char* name;  // e.g. "b128_bf16_128x128", "sm100_e5m2_b1_f32_256x128_2sm"
+  int arch;          // 90 (sm_90a, wgmma) or 100 (sm_100a, tcgen05)
+  Fp8Element a;
   int b_block;       // 1 or 128
   OutDType out;
-  int tile_m, tile_n;
-  const char* schedule;  // "cooperative" | "pingpong"
+  int tile_m, tile_n;        // output tile of one CTA
+  int cluster_m, cluster_n;  // CTAs per cluster (the persistent grid is rounded to it)
+  const char* schedule;      // "cooperative" | "pingpong" | "2sm"
   size_t (*workspace_size)(const Fp8BlockwiseArgs&);
   LaunchResult (*run)(const Fp8BlockwiseArgs&, void* workspace, cudaStream_t stream);
 };
 
 // ---- Blackwell block-scaled GEMMs (csrc/gemm/sm100) ---------------------------------------------
 //
-//   D[M, N] (BF16) = alpha * sum_k (A[m, k] * SFA(m, k / vec)) * (B[n, k] * SFB(n, k / vec))
+//   D[M, N] (BF16 or FP32: the variant's OutDType) = alpha * sum_k (A[m, k] * SFA(m, k / vec)) * (B[n, k] * SFB(n, k / vec))
 //
 // A, B: K-major codes (FP4 packed two per byte, element 2j in the low nibble; or E4M3 bytes).
 // SFA/SFB: CUTLASS's Sm1xxBlockScaledConfig layout ("128x4" atoms: 128 rows x 4 scale columns,
@@ -86,7 +92,7 @@ struct BlockScaledArgs {
   const void* sfa = nullptr;
   const void* sfb = nullptr;
   const float* alpha = nullptr;
-  void* d = nullptr;  // BF16 [M, N]
+  void* d = nullptr;  // [M, N], BF16 or FP32 (the variant's OutDType)
   int64_t ldd = 0;
   int device = 0;
   int sm_count = 0;
@@ -95,6 +101,7 @@ struct BlockScaledArgs {
 struct BlockScaledVariant {
   const char* name;  // e.g. "nvfp4_256x256x256_2sm"
   BlockScaledKind kind;
+  OutDType out;
   int sf_vec;  // 16 (nvfp4) or 32 (mx)
   int tile_m, tile_n, tile_k;
   size_t (*workspace_size)(const BlockScaledArgs&);

@@ -32,9 +32,8 @@ inline void check_nt_operands(const char* op, const at::Tensor& a, const at::Ten
               "M, N, K must fit in int32");
 }
 
-// Every tensor on one CUDA device of the kernel's arch, at a 16-byte aligned address (TMA).
-inline void check_device(const char* op, std::initializer_list<const at::Tensor*> ts, int arch_major,
-                         const char* arch) {
+// Every tensor on one CUDA device, at a 16-byte aligned address (TMA); returns that device's facts.
+inline DeviceInfo check_cuda_tensors(const char* op, std::initializer_list<const at::Tensor*> ts) {
   const at::Tensor& a = **ts.begin();
   TORCH_CHECK(a.is_cuda(), op, "tensors must be on a CUDA device, got ", a.device(),
               " (on the CPU use snip_ops.gemm_kernels.qgemm, which falls back to the reference)");
@@ -42,7 +41,14 @@ inline void check_device(const char* op, std::initializer_list<const at::Tensor*
     TORCH_CHECK(t->device() == a.device(), op, "all tensors must be on ", a.device(), ", got one on ", t->device());
     TORCH_CHECK(aligned16(*t), op, "every tensor must start at a 16-byte aligned address (TMA)");
   }
-  const DeviceInfo prop = device_info(a.device().index());
+  return device_info(a.device().index());
+}
+
+// check_cuda_tensors, and the device is of the kernel's arch (arch_major.0).
+inline void check_device(const char* op, std::initializer_list<const at::Tensor*> ts, int arch_major,
+                         const char* arch) {
+  const at::Tensor& a = **ts.begin();
+  const DeviceInfo prop = check_cuda_tensors(op, ts);
   TORCH_CHECK(prop.major == arch_major && prop.minor == 0, op, "this kernel is compiled for ", arch,
               " only; device ", a.device(), " is sm_", prop.major, prop.minor,
               "; snip_ops.gemm_kernels.qgemm picks the right path per device");

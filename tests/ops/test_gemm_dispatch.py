@@ -7,28 +7,34 @@ import os
 import re
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from bounds import assert_within_gemm_bound
+from bounds import assert_within, assert_within_gemm_bound, gemm_error_bound, qgemm_error_bound, then_rounded
 from snip_ops import _ext, gemm, gemm_kernels as gk, reference
 from snip_ops.cast import decode
-from snip_ops.formats import E2M1, E4M3, QuantSpec, recipe
+from snip_ops.formats import E2M1, E4M3, E5M2, GEMMS, RECIPES, QuantSpec, ScaleKind, element_format, recipe
 from snip_ops.reference import dequantize, quantize
 
 SM90_OP = "fp8_gemm_nt_blockwise"
 SM100_OPS = ("nvfp4_gemm_nt", "mxfp4_gemm_nt", "mxfp8_gemm_nt")
+# Kernels of the FP8 blockwise op (its _ext.kernels() names) per arch, E4M3 and E5M2 A.
+SM90_KERNELS = ("fp8_gemm_nt_blockwise", "fp8_gemm_nt_blockwise_e5m2")
+SM100_FP8_KERNELS = ("fp8_gemm_nt_blockwise_sm100", "fp8_gemm_nt_blockwise_e5m2_sm100")
 
 
 def _has(op: str) -> bool:
     return _ext.HAS_KERNELS and op in _ext.kernels()
 
 
-needs_sm90_op = pytest.mark.skipif(not _has(SM90_OP), reason="extension built without the sm_90a GEMM")
-needs_sm100_ops = pytest.mark.skipif(not all(_has(o) for o in SM100_OPS), reason="extension built without the sm_100a GEMMs")
+needs_sm90_op = pytest.mark.skipif(not all(_has(k) for k in SM90_KERNELS),
+                                   reason="extension built without the sm_90a GEMMs")
+needs_sm100_ops = pytest.mark.skipif(not all(_has(o) for o in SM100_OPS + SM100_FP8_KERNELS),
+                                     reason="extension built without the sm_100a GEMMs")
 
 
 def _operands(name: str, m: int, n: int, k: int, gemm_kind: str = "fprop", seed: int = 0):
@@ -68,40 +74,92 @@ def fake_arch(monkeypatch):
     return set_arch
 
 
-@pytest.mark.parametrize(
-    "name, arch, path",
-    [
-        ("fp8", (9, 0), "sm90_fp8"),
-        ("fp4", (9, 0), "sm90_fp4"),           # E2M1 rides the FP8 kernel, exactly
-        ("mxfp8", (9, 0), "fp32"),             # 1x32 E8M0 blocks: no Hopper kernel; CPU tensors: no BF16 path
-        ("nvfp4", (9, 0), "fp32"),
-        ("fp8_e5m2grad", (9, 0), "sm90_fp8"),  # fprop has no E5M2 operand
-        ("nvfp4", (10, 0), "sm100_nvfp4"),
-        ("mxfp4", (10, 0), "sm100_mxfp4"),
-        ("mxfp8", (10, 0), "sm100_mxfp8"),
-        ("fp8", (10, 0), "fp32"),              # no blockwise-FP8 kernel on Blackwell (yet)
-        ("fp8", (8, 0), "fp32"),
-        ("nvfp4", (12, 0), "fp32"),            # sm_100a cubins do not run on sm_120
-    ],
-)
-def test_select_path_by_capability(fake_arch, name, arch, path):
+# The path of every GEMM of every recipe per device (the table in snip_ops.gemm_kernels' docstring):
+# the same for fprop, dgrad and wgrad. CPU: the FP32 GEMM; GPUs without a kernel for the recipe: BF16
+# tensor cores (exact BF16 values, or blockwise with FP32 scales); sm_90 and sm_100: a kernel, or
+# BF16 where Hopper has no MX/NV FP4 hardware -- never FP64.
+ARCHS = (None, (8, 0), (8, 9), (9, 0), (10, 0), (12, 0))
+PATH_TABLE = {
+    "fp8": ("fp32", "blockwise_bf16", "blockwise_bf16", "sm90_fp8", "sm100_fp8", "blockwise_bf16"),
+    "fp8_e5m2grad": ("fp32", "blockwise_bf16", "blockwise_bf16", "sm90_fp8", "sm100_fp8", "blockwise_bf16"),
+    "fp4": ("fp32", "blockwise_bf16", "blockwise_bf16", "sm90_fp4", "sm100_fp4", "blockwise_bf16"),
+    "mxfp8": ("fp32", "bf16_exact", "bf16_exact", "bf16_exact", "sm100_mxfp8", "bf16_exact"),
+    "nvfp4": ("fp32", "bf16_exact", "bf16_exact", "bf16_exact", "sm100_nvfp4", "bf16_exact"),
+    "mxfp4": ("fp32", "bf16_exact", "bf16_exact", "bf16_exact", "sm100_mxfp4", "bf16_exact"),
+}
+TENSOR_CORE_PATHS = {"sm90_fp8", "sm90_fp4", "sm100_fp8", "sm100_fp4", "sm100_nvfp4", "sm100_mxfp4", "sm100_mxfp8",
+                     "bf16_exact"}
+
+
+def test_path_table_covers_every_recipe():
+    assert set(PATH_TABLE) == set(RECIPES) - {"bf16"}
+    for row in PATH_TABLE.values():
+        assert all(row[ARCHS.index(arch)] in TENSOR_CORE_PATHS for arch in ((9, 0), (10, 0)))
+
+
+@pytest.mark.parametrize("name", sorted(PATH_TABLE))
+@pytest.mark.parametrize("gemm_kind", GEMMS)
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: "cpu" if a is None else f"sm_{a[0]}{a[1]}")
+def test_path_table(fake_arch, name, gemm_kind, arch):
+    # The operands snip_ops.gemm quantizes for this GEMM, with every kernel built and self-checked;
+    # wgrad writes FP32, fprop and dgrad BF16.
     fake_arch(arch)
-    a, b = _operands(name, 16, 24, 256)
-    assert gk.select_path(a, b).path == path
+    a, b = _operands(name, 16, 24, 256, gemm_kind)
+    out_dtype = torch.float32 if gemm_kind == "wgrad" else torch.bfloat16
+    want = PATH_TABLE[name][ARCHS.index(arch)]
+    choice = gk.select_path(a, b, out_dtype=out_dtype, accumulate=gemm_kind == "wgrad")
+    assert choice.path == want, choice.refused
+    assert gk.gemm_path(name, gemm_kind, arch).path == want  # the same rules without tensors
+    if arch == (9, 0) and name == "fp8_e5m2grad" and gemm_kind != "fprop":
+        assert a.spec.element == E5M2 and gk._fp8_kernel(arch, a) == "fp8_gemm_nt_blockwise_e5m2"
+
+
+def test_missing_kernels_fall_back_to_bf16_tensor_cores(monkeypatch):
+    # A kernel that is not built or failed its self-check: the next exact path, still tensor cores.
+    monkeypatch.setattr(gk, "device_arch", lambda device: (9, 0))
+    monkeypatch.setattr(gk._ext, "kernel_available", lambda name, device: name == "fp8_gemm_nt_blockwise")
+    a, b = _operands("fp8_e5m2grad", 16, 24, 256, "dgrad")
+    choice = gk.select_path(a, b)
+    assert choice.path == "blockwise_bf16" and "fp8_gemm_nt_blockwise_e5m2" in choice.refused["sm90_fp8"]
+    assert gk.select_path(*_operands("fp8_e5m2grad", 16, 24, 256, "fprop")).path == "sm90_fp8"
+    only_e4m3 = {"fp8_gemm_nt_blockwise"}.__contains__
+    assert gk.gemm_path("fp8_e5m2grad", "wgrad", (9, 0), only_e4m3).path == "blockwise_bf16"
+    assert gk.gemm_path("mxfp8", "wgrad", (10, 0), lambda kernel: False).path == "bf16_exact"
+    with pytest.raises(ValueError, match="does not run through qgemm"):
+        gk.gemm_path("bf16", "fprop", (9, 0))
 
 
 def test_select_path_reasons(fake_arch):
     fake_arch((9, 0))
-    a, b = _operands("fp8_e5m2grad", 16, 24, 256, "dgrad")
-    refused = gk.select_path(a, b).refused
-    assert "e5m2" in refused["sm90_fp8"]
     a, b = _operands("mxfp8", 16, 24, 256)
     assert "e8m0" in gk.select_path(a, b).refused["sm90_fp8"]
+    a, b = _operands("nvfp4", 16, 24, 256)
+    assert "sm_100" in gk.select_path(a, b).refused["sm100_nvfp4"]
+    # E5M2 only as a (the kernels' B is E4M3): the swapped product takes the BF16 tensor cores
+    e5 = quantize(torch.randn(24, 256), QuantSpec(E5M2, (1, 128)))
+    e4 = quantize(torch.randn(16, 256), QuantSpec(E4M3, (1, 128)))
+    choice = gk.select_path(e4, e5)
+    assert choice.path == "blockwise_bf16" and "b: element e5m2" in choice.refused["sm90_fp8"]
     fake_arch((10, 0))
     a, b = _operands("nvfp4", 16, 24, 256)
-    choice = gk.select_path(a, b, out_dtype=torch.float32)
-    assert choice.path == "fp32" and "BF16 only" in choice.refused["sm100_nvfp4"]
-    assert gk.select_path(a, b, accumulate=True).path == "fp32"
+    for out_dtype, accumulate in ((torch.float32, False), (torch.bfloat16, True)):  # FP32 output compiled
+        assert gk.select_path(a, b, out_dtype=out_dtype, accumulate=accumulate).path == "sm100_nvfp4"
+    # wider than BF16: only FP64 is exact on a GPU
+    wide = QuantSpec(element_format("e5m10"), (1, 128))
+    a, b = quantize(torch.randn(16, 256), wide), quantize(torch.randn(24, 256), wide)
+    choice = gk.select_path(a, b)
+    assert choice.path == "fp32" and "more precision" in choice.refused["blockwise_bf16"]
+
+
+def test_fp64_fallback_on_a_gpu_is_not_silent(fake_arch):
+    wide = QuantSpec(element_format("e5m10"), (1, 128))
+    a, b = quantize(torch.randn(16, 256), wide), quantize(torch.randn(24, 256), wide)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gk.qgemm(a, b)  # the CPU's own path: no warning
+    fake_arch((9, 0))
+    with pytest.warns(RuntimeWarning, match="no tensor-core path for fp16/1x128/fp32/rne .*FP64 GEMM"):
+        gk.qgemm(a, b)
 
 
 def test_forced_path_errors():
@@ -139,6 +197,76 @@ def test_fallback_is_the_reference(name, gemm_kind):
     a, b = _operands(name, 37, 72, 300, gemm_kind)
     y = gk.qgemm(a, b, out_dtype=torch.float32)
     assert_within_gemm_bound(y, dequantize(a), dequantize(b), what=f"{name} {gemm_kind}")
+
+
+def _blockwise_bound(a, b, ref, *rounded_to):
+    """blockwise_bf16's bound (tests/bounds.py) plus the FP64 reference's own error, then the roundings."""
+    da, db = dequantize(a), dequantize(b)
+    bound = qgemm_error_bound("blockwise_bf16", da, db) + gemm_error_bound(da, db, torch.float64)
+    return then_rounded(bound, ref, *rounded_to)
+
+
+@pytest.mark.parametrize("name", sorted(PATH_TABLE))
+@pytest.mark.parametrize("gemm_kind", GEMMS)
+@pytest.mark.parametrize("m, n, k", [(37, 72, 300), (1, 8, 16)])
+def test_blockwise_bf16_against_fp64(name, gemm_kind, m, n, k):
+    # Forced on CPU tensors (FP32 products of the element values per K chunk there, BF16 tensor cores
+    # on a GPU): every recipe's operands, odd shapes, K tails.
+    a, b = _operands(name, m, n, k, gemm_kind, seed=m + k)
+    ref = dequantize(a).double() @ dequantize(b).double().t()
+    y = gk.qgemm(a, b, out_dtype=torch.float32, path="blockwise_bf16")
+    assert_within(y, ref, _blockwise_bound(a, b, ref), f"{name} {gemm_kind}")
+    # tight enough to see a relative error of 2^-6 (a wrong scale is off by far more)
+    with pytest.raises(AssertionError, match="exceed the bound"):
+        assert_within(y * (1 + 2.0**-6), ref, _blockwise_bound(a, b, ref))
+
+
+@pytest.mark.parametrize(
+    "a_spec, b_spec, chunk",
+    [
+        (QuantSpec(E4M3, (1, 128)), QuantSpec(E4M3, (128, 128)), 128),
+        (QuantSpec(E4M3, (16, 16)), QuantSpec(E5M2, (1, 32)), 16),     # chunks of the smaller block
+        (QuantSpec(E4M3, (1, 0)), QuantSpec(E4M3, (0, 0)), 300),       # row-wise x tensor-wise: one chunk
+        (QuantSpec(E2M1, (1, 0)), QuantSpec(E4M3, (1, 64)), 64),
+        (QuantSpec(E2M1, (1, 16), ScaleKind.NVFP4), QuantSpec(E4M3, (1, 32), ScaleKind.E8M0), 16),
+        (QuantSpec(E4M3, (1, 48)), QuantSpec(E4M3, (1, 128)), None),   # no common chunk
+    ],
+)
+def test_blockwise_bf16_chunks(a_spec, b_spec, chunk):
+    g = torch.Generator().manual_seed(5)
+    a = quantize(torch.randn(33, 300, generator=g), a_spec)
+    b = quantize(torch.randn(40, 300, generator=g) * 1e-3, b_spec)
+    assert gk._k_chunk(a, b) == chunk
+    if chunk is None:
+        with pytest.raises(ValueError, match="no common K chunk"):
+            gk.qgemm(a, b, path="blockwise_bf16")
+        return
+    ref = dequantize(a).double() @ dequantize(b).double().t()
+    assert_within(gk.qgemm(a, b, out_dtype=torch.float32, path="blockwise_bf16"), ref, _blockwise_bound(a, b, ref))
+
+
+def test_blockwise_bf16_memory_steps_bias_out_and_nan(monkeypatch):
+    a, b = _operands("fp8", 40, 24, 1000)
+    ref = dequantize(a).double() @ dequantize(b).double().t()
+    whole = gk.qgemm(a, b, out_dtype=torch.float32, path="blockwise_bf16")
+    monkeypatch.setattr(gk, "_BLOCKWISE_STEP_BYTES", 3 * 8 * 40 * 24)  # 3 of the 8 chunks per step
+    stepped = gk.qgemm(a, b, out_dtype=torch.float32, path="blockwise_bf16")
+    for y in (whole, stepped):
+        assert_within(y, ref, _blockwise_bound(a, b, ref))
+    bias = torch.randn(24)
+    y = gk.qgemm(a, b, bias=bias, out_dtype=torch.bfloat16, path="blockwise_bf16")
+    with_bias = ref + bias.double()
+    assert_within(y, with_bias, _blockwise_bound(a, b, with_bias, torch.float32, torch.bfloat16))
+    out0 = torch.randn(40, 24)
+    out = out0.clone()
+    assert gk.qgemm(a, b, out=out, path="blockwise_bf16") is out
+    assert_within(out, out0.double() + ref, _blockwise_bound(a, b, out0.double() + ref, torch.float32))
+    x = torch.randn(8, 256)
+    x[3, 200] = float("nan")
+    r = recipe("fp8")
+    y = gk.qgemm(quantize(x, r.act), quantize(torch.randn(16, 256), r.weight), out_dtype=torch.float32,
+                 path="blockwise_bf16")
+    assert torch.isnan(y[3]).all() and torch.isfinite(y[torch.arange(8) != 3]).all()
 
 
 def test_fallback_matches_gemm_emulation():
@@ -214,14 +342,17 @@ def test_hopper_scales(rows, k, block):
 
 
 @pytest.mark.parametrize("m, n, k", [(1, 8, 16), (37, 72, 300), (128, 256, 1040), (257, 9, 100), (64, 128, 1000)])
-@pytest.mark.parametrize("name, gemm_kind", [("fp8", "fprop"), ("fp8", "dgrad"), ("fp8", "wgrad"), ("fp4", "fprop"), ("fp4", "wgrad")])
+@pytest.mark.parametrize("name, gemm_kind", [("fp8", "fprop"), ("fp8", "dgrad"), ("fp8", "wgrad"), ("fp4", "fprop"),
+                                             ("fp4", "wgrad"), ("fp8_e5m2grad", "dgrad"), ("fp8_e5m2grad", "wgrad")])
 def test_prepare_sm90_layouts(m, n, k, name, gemm_kind):
     a, b = _operands(name, m, n, k, gemm_kind)
+    a_dtype = torch.float8_e5m2 if a.spec.element == E5M2 else torch.float8_e4m3fn  # E5M2 codes stay E5M2
     for out_dtype, n_align in ((torch.bfloat16, 8), (torch.float32, 4)):
         ca, sfa, cb, sfb, b_block, n_pad = gk.prepare_sm90(a, b, out_dtype)
         k_pad = -(-k // 16) * 16
         assert n_pad == -(-n // n_align) * n_align
-        assert ca.shape == (m, k_pad) and cb.shape == (n_pad, k_pad) and ca.dtype == cb.dtype == torch.float8_e4m3fn
+        assert ca.shape == (m, k_pad) and cb.shape == (n_pad, k_pad)
+        assert ca.dtype == a_dtype and cb.dtype == torch.float8_e4m3fn
         assert b_block == (128 if gemm_kind in ("fprop", "dgrad") else 1)
         # The prepared operands describe the same GEMM: code times scale rebuilds the dequantized
         # operands bit for bit (the same FP32 products), zero in the padding.
@@ -235,12 +366,16 @@ def test_prepare_sm90_layouts(m, n, k, name, gemm_kind):
 
 @needs_sm90_op
 @pytest.mark.parametrize("m, n, k", [(1, 8, 16), (37, 72, 300), (257, 9, 100)])
-@pytest.mark.parametrize("gemm_kind", ["fprop", "wgrad"])
-def test_prepared_sm90_args_pass_the_op_checks(fake_arch, m, n, k, gemm_kind):
+@pytest.mark.parametrize("name, gemm_kind", [("fp8", "fprop"), ("fp8", "wgrad"), ("fp8_e5m2grad", "dgrad"),
+                                             ("fp8_e5m2grad", "wgrad"), ("fp4", "dgrad")])
+@pytest.mark.parametrize("arch", [(9, 0), (10, 0)])
+def test_prepared_sm90_args_pass_the_op_checks(fake_arch, m, n, k, name, gemm_kind, arch):
     # On CPU tensors the op runs every shape/alignment check, then refuses for lack of a GPU:
-    # reaching that refusal proves the wrapper's conversions satisfy the kernel's contract.
-    fake_arch((9, 0))
-    a, b = _operands("fp8", m, n, k, gemm_kind)
+    # reaching that refusal proves the wrapper's conversions satisfy the kernel's contract (one op
+    # and one contract for the sm90_* and sm100_fp8/fp4 paths).
+    fake_arch(arch)
+    a, b = _operands(name, m, n, k, gemm_kind)
+    assert gk.select_path(a, b).path.startswith(f"sm{arch[0]}{arch[1]}_")
     with pytest.raises(RuntimeError, match="must be on a CUDA device"):
         gk.qgemm(a, b)
     with pytest.raises(RuntimeError, match="must be on a CUDA device"):
@@ -250,7 +385,8 @@ def test_prepared_sm90_args_pass_the_op_checks(fake_arch, m, n, k, gemm_kind):
 
 
 @needs_sm90_op
-@pytest.mark.parametrize("name, gemm_kind", [("fp8", "fprop"), ("fp8", "wgrad"), ("fp4", "dgrad")])
+@pytest.mark.parametrize("name, gemm_kind", [("fp8", "fprop"), ("fp8", "wgrad"), ("fp4", "dgrad"),
+                                             ("fp8_e5m2grad", "dgrad")])
 def test_sm90_path_traces_with_fake_tensors(fake_arch, name, gemm_kind):
     # What torch.compile sees on an H100: the wrapper's conversions plus one snip_C op (its Meta
     # function gives the shape), no data-dependent Python.
@@ -286,6 +422,10 @@ def test_prepared_sm100_args_pass_the_op_checks(fake_arch, kind, m, n, k):
     assert (alpha is not None) == (kind == "nvfp4")
     with pytest.raises(RuntimeError, match="must be on a CUDA device"):
         gk.qgemm(a, b)
+    with pytest.raises(RuntimeError, match="must be on a CUDA device"):
+        gk.qgemm(a, b, out_dtype=torch.float32)  # the FP32-output instantiation's checks
+    with pytest.raises(RuntimeError, match="must be on a CUDA device"):
+        gk.qgemm(a, b, out=torch.zeros(m, n))
 
 
 @pytest.mark.parametrize("kind", ["nvfp4", "mxfp4", "mxfp8"])
@@ -329,7 +469,11 @@ def test_sm90_op_schemas():
         "snip_C::fp8_gemm_nt_blockwise_acc(Tensor a, Tensor sfa, Tensor b, Tensor sfb, int b_block, "
         'Tensor(a!) out, str config="") -> ()'
     )
-    assert _ext.kernels()[SM90_OP] == ["sm_90a"]
+    assert all(_ext.kernels()[k] == ["sm_90a"] for k in SM90_KERNELS)
+    assert str(ops.fp8_gemm_nt_blockwise_config.default._schema) == (
+        "snip_C::fp8_gemm_nt_blockwise_config(int m, int n, int k, int b_block, ScalarType out_dtype, int num_sms, "
+        'str config="", int arch=90, ScalarType a_dtype=24) -> str'
+    )
 
 
 def _mut(**changes):
@@ -346,8 +490,8 @@ def _mut(**changes):
 @pytest.mark.parametrize(
     "mutate, match",
     [
-        (_mut(a=lambda a: a["a"].float()), "float8_e4m3fn"),
-        (_mut(a=lambda a: a["a"].view(torch.uint8).view(torch.float8_e5m2)), "float8_e4m3fn"),
+        (_mut(a=lambda a: a["a"].float()), "a must be float8_e4m3fn or float8_e5m2"),
+        (_mut(b=lambda a: a["b"].view(torch.uint8).view(torch.float8_e5m2)), "b must be float8_e4m3fn"),
         (_mut(a=lambda a: a["a"][None]), "2-D"),
         (_mut(b=lambda a: a["b"][:, :128]), "same K"),
         (_mut(a=lambda a: a["a"][:, :24], b=lambda a: a["b"][:, :24]), "multiple of 16"),
@@ -391,9 +535,10 @@ def test_sm90_acc_op_errors():
 @needs_sm90_op
 @pytest.mark.parametrize("m, n, k", [(0, 8, 16), (1, 8, 16), (300, 520, 4096), (8192, 28672, 8192)])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
-def test_sm90_meta_shapes(m, n, k, out_dtype):
+@pytest.mark.parametrize("a_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_sm90_meta_shapes(m, n, k, out_dtype, a_dtype):
     meta = dict(device="meta")
-    a = torch.empty(m, k, dtype=torch.float8_e4m3fn, **meta)
+    a = torch.empty(m, k, dtype=a_dtype, **meta)
     b = torch.empty(n, k, dtype=torch.float8_e4m3fn, **meta)
     sfa = torch.empty(-(-k // 128), m + 3, **meta)
     sfb = torch.empty(-(-k // 128), n, **meta)
@@ -436,6 +581,27 @@ def test_sm90_tile_heuristic(m, n, k, b_block, out_dtype, tile):
 
 
 @needs_sm90_op
+@pytest.mark.parametrize(
+    "arch, a_dtype, b_block, out_dtype, want",
+    [
+        (90, torch.float8_e5m2, 128, torch.bfloat16, "e5m2_b128_bf16_128x128 tile=128x128 schedule=cooperative"),
+        (90, torch.float8_e5m2, 128, torch.float32, "e5m2_b128_f32_128x128 tile=128x128"),
+        (90, torch.float8_e5m2, 1, torch.float32, "e5m2_b1_f32_128x128 tile=128x128"),
+        # no E5M2 x 1x128 BF16 instantiation: the FP32 one, cast (the same single rounding)
+        (90, torch.float8_e5m2, 1, torch.bfloat16, "e5m2_b1_f32_128x128 tile=128x128"),
+        (100, torch.float8_e4m3fn, 128, torch.bfloat16, "sm100_b128_bf16_256x128_2sm tile=128x128 schedule=2sm"),
+        (100, torch.float8_e4m3fn, 1, torch.float32, "sm100_b1_f32_256x128_2sm tile=128x128"),
+        (100, torch.float8_e5m2, 128, torch.float32, "sm100_e5m2_b128_f32_256x128_2sm"),
+        (100, torch.float8_e5m2, 1, torch.bfloat16, "sm100_e5m2_b1_f32_256x128_2sm"),
+    ],
+)
+def test_fp8_blockwise_instantiation_choice(arch, a_dtype, b_block, out_dtype, want):
+    text = torch.ops.snip_C.fp8_gemm_nt_blockwise_config(4096, 4096, 4096, b_block, out_dtype, 132, "", arch, a_dtype)
+    assert text.startswith(want)
+    assert text.endswith("(FP32 output, cast)") == ("f32" in want and out_dtype == torch.bfloat16)
+
+
+@needs_sm90_op
 def test_sm90_config_overrides():
     cfg = torch.ops.snip_C.fp8_gemm_nt_blockwise_config
     assert "tile=64x128" in cfg(8192, 8192, 8192, 128, torch.bfloat16, 132, "tile=64x128")
@@ -445,6 +611,12 @@ def test_sm90_config_overrides():
                        ("raster=x", "bad raster"), ("speed=max", "unknown config key")]:
         with pytest.raises(RuntimeError, match=match):
             cfg(4096, 4096, 4096, 1, torch.float32, 132, bad)
+    with pytest.raises(RuntimeError, match="not compiled"):
+        cfg(256, 4096, 4096, 128, torch.bfloat16, 132, "tile=64x128", 90, torch.float8_e5m2)
+    with pytest.raises(RuntimeError, match="arch must be 90"):
+        cfg(256, 4096, 4096, 128, torch.bfloat16, 132, "", 89)
+    with pytest.raises(RuntimeError, match="a must be float8_e4m3fn or float8_e5m2"):
+        cfg(256, 4096, 4096, 128, torch.bfloat16, 132, "", 90, torch.bfloat16)
 
 
 def _sm100_args(kind, m=16, n=24, k=256):
@@ -453,21 +625,23 @@ def _sm100_args(kind, m=16, n=24, k=256):
     return ca, sfa, cb, sfb, alpha
 
 
-def _call_sm100(kind, ca, sfa, cb, sfb, alpha):
+def _call_sm100(kind, ca, sfa, cb, sfb, alpha, out_dtype=torch.bfloat16):
     op = getattr(torch.ops.snip_C, f"{kind}_gemm_nt")
-    return op(ca, sfa, cb, sfb, alpha) if kind == "nvfp4" else op(ca, sfa, cb, sfb)
+    return op(ca, sfa, cb, sfb, alpha, out_dtype) if kind == "nvfp4" else op(ca, sfa, cb, sfb, out_dtype)
 
 
 @needs_sm100_ops
 def test_sm100_op_schemas():
+    # out_dtype (BF16 by default; FP32 for wgrad) is a ScalarType, printed as its number (15: bfloat16)
     assert str(torch.ops.snip_C.nvfp4_gemm_nt.default._schema) == (
-        "snip_C::nvfp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor alpha) -> Tensor"
+        "snip_C::nvfp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor alpha, ScalarType out_dtype=15) "
+        "-> Tensor"
     )
     for kind in ("mxfp4", "mxfp8"):
         assert str(getattr(torch.ops.snip_C, f"{kind}_gemm_nt").default._schema) == (
-            f"snip_C::{kind}_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb) -> Tensor"
+            f"snip_C::{kind}_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, ScalarType out_dtype=15) -> Tensor"
         )
-    assert all(_ext.kernels()[op] == ["sm_100a"] for op in SM100_OPS)
+    assert all(_ext.kernels()[op] == ["sm_100a"] for op in SM100_OPS + SM100_FP8_KERNELS)
 
 
 @needs_sm100_ops
@@ -488,14 +662,24 @@ def test_sm100_op_argument_errors(kind):
     for args, match in cases:
         with pytest.raises(RuntimeError, match=match):
             _call_sm100(kind, *args)
+    with pytest.raises(RuntimeError, match="out_dtype must be bfloat16 or float32"):
+        _call_sm100(kind, ca, sfa, cb, sfb, alpha, torch.float16)
+    # FP32 output rows are 16 bytes at N % 4 (BF16: N % 8)
+    ca, sfa, cb, sfb, alpha = _sm100_args(kind, n=20)
+    cb = cb[:20]
+    with pytest.raises(RuntimeError, match="N must be a multiple of 8 for BFloat16"):
+        _call_sm100(kind, ca, sfa, cb, sfb, alpha)
+    with pytest.raises(RuntimeError, match="must be on a CUDA device"):
+        _call_sm100(kind, ca, sfa, cb, sfb, alpha, torch.float32)
 
 
 @needs_sm100_ops
 @pytest.mark.parametrize("kind", ["nvfp4", "mxfp4", "mxfp8"])
-def test_sm100_meta_shapes(kind):
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_sm100_meta_shapes(kind, out_dtype):
     ca, sfa, cb, sfb, alpha = (None if t is None else t.to("meta") for t in _sm100_args(kind, 40, 64, 512))
-    y = _call_sm100(kind, ca, sfa, cb, sfb, alpha)
-    assert y.shape == (40, 64) and y.dtype == torch.bfloat16 and y.device.type == "meta"
+    y = _call_sm100(kind, ca, sfa, cb, sfb, alpha, out_dtype)
+    assert y.shape == (40, 64) and y.dtype == out_dtype and y.device.type == "meta"
 
 
 # ---- the binary: tensor-core instructions in each arch's SASS ----------------------------------
@@ -526,19 +710,22 @@ def _sass_functions(arch: str) -> dict[str, str]:
 
 
 @needs_sm90_op
-def test_sm90_sass_has_qgmma():
-    funcs = {n: b for n, b in _sass_functions("sm_90a").items() if SM90_OP in n}
-    assert len(funcs) == 5, sorted(funcs)  # one per compiled instantiation
+@pytest.mark.parametrize("kernel, count, mma", [("fp8_gemm_nt_blockwise", 5, "E4M3.E4M3"),
+                                                ("fp8_gemm_nt_blockwise_e5m2", 3, "E5M2.E4M3")])
+def test_sm90_sass_has_qgmma(kernel, count, mma):
+    funcs = {n: b for n, b in _sass_functions("sm_90a").items() if f"{kernel}_kernel" in n}
+    assert len(funcs) == count, sorted(funcs)  # one per compiled instantiation
     for name, body in funcs.items():
-        assert re.search(r"\bQGMMA\.64x128x32\.F32\.E4M3\.E4M3\b", body), name
+        assert re.search(rf"\bQGMMA\.64x128x32\.F32\.{mma}\b", body), name
         assert not re.search(r"\b(STL|LDL)\b", body), f"register spills in {name}"
 
 
 @needs_sm100_ops
-def test_sm100_sass_has_tcgen05_mma():
-    funcs = _sass_functions("sm_100a")
-    for op in SM100_OPS:
-        mine = {n: b for n, b in funcs.items() if op in n}
-        assert len(mine) == 1, (op, sorted(mine))
-        (body,) = mine.values()
-        assert re.search(r"\bUTC\w*MMA\b", body), op
+@pytest.mark.parametrize("kernel, count", [("nvfp4_gemm_nt", 2), ("mxfp4_gemm_nt", 2), ("mxfp8_gemm_nt", 2),
+                                           ("fp8_gemm_nt_blockwise_sm100", 3), ("fp8_gemm_nt_blockwise_e5m2_sm100", 3)])
+def test_sm100_sass_has_tcgen05_mma(kernel, count):
+    # one function per instantiation (BF16 and FP32 output; the FP8 blockwise ones per B block and output)
+    mine = {n: b for n, b in _sass_functions("sm_100a").items() if f"{kernel}_kernel" in n}
+    assert len(mine) == count, sorted(mine)
+    for name, body in mine.items():
+        assert re.search(r"\bUTC\w*MMA\b", body), name

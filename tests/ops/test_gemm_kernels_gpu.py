@@ -5,8 +5,10 @@ the Hopper FP8 wgmma's reduced-precision accumulator inside each 128-wide K bloc
 stated there), with each rounding after the GEMM (bias add, BF16/FP16 output, accumulation into
 `out`) on top.
 Every scale layout (1x128 x 128x128 for fprop/dgrad, 1x128 x 1x128 for wgrad, 128x128-blocked A),
-odd M/N/K, every compiled tile configuration, bias, accumulation into FP32 and BF16, and FP4 on
-Hopper (E2M1 re-encoded as E4M3) are covered. The sm_100 tests need a B200-class GPU.
+odd M/N/K, every compiled tile configuration, bias, accumulation into FP32 and BF16, FP4 on
+Hopper (E2M1 re-encoded as E4M3) and E5M2 x E4M3 (the fp8_e5m2grad recipe's gradients) are covered.
+The sm_100 tests (the FP8 blockwise kernel with FP32 scales, the block-scaled nvfp4/mxfp4/mxfp8
+kernels with BF16 and FP32 output) need a B200-class GPU; the BF16 tensor-core fallbacks run on any.
 """
 
 import pytest
@@ -14,7 +16,7 @@ import torch
 
 from bounds import assert_within, gemm_error_bound, qgemm_error_bound, then_rounded
 from snip_ops import _ext, gemm, gemm_kernels as gk, quantize, reference
-from snip_ops.formats import E2M1, E4M3, QuantSpec, ScaleKind, recipe
+from snip_ops.formats import E2M1, E4M3, E5M2, GEMMS, RECIPES, QuantSpec, ScaleKind, element_format, recipe
 from snip_ops.reference import dequantize
 
 pytestmark = pytest.mark.gpu
@@ -28,9 +30,18 @@ needs_sm90 = pytest.mark.skipif(
     _arch() != (9, 0) or not _ext.kernel_available("fp8_gemm_nt_blockwise", "cuda"),
     reason="needs an sm_90 GPU and the sm_90a GEMM in snip_ops._C",
 )
+needs_sm90_e5m2 = pytest.mark.skipif(
+    _arch() != (9, 0) or not _ext.kernel_available("fp8_gemm_nt_blockwise_e5m2", "cuda"),
+    reason="needs an sm_90 GPU and the sm_90a E5M2 x E4M3 GEMM in snip_ops._C",
+)
 needs_sm100 = pytest.mark.skipif(
     _arch() != (10, 0) or not _ext.kernel_available("nvfp4_gemm_nt", "cuda"),
     reason="needs an sm_100 GPU and the sm_100a GEMMs in snip_ops._C",
+)
+needs_sm100_fp8 = pytest.mark.skipif(
+    _arch() != (10, 0) or not all(_ext.kernel_available(k, "cuda") for k in
+                                  ("fp8_gemm_nt_blockwise_sm100", "fp8_gemm_nt_blockwise_e5m2_sm100")),
+    reason="needs an sm_100 GPU and the sm_100a FP8 blockwise GEMMs in snip_ops._C",
 )
 
 
@@ -60,16 +71,36 @@ def kernel_bound(path, a, b) -> torch.Tensor:
 
 
 def check(y, a, b, path, out_dtype=torch.float32, bias=None, what=""):
-    """y = qgemm(a, b, bias=bias) in `out_dtype` within the path's bound: the product as the kernel
-    writes it (BF16 from the Blackwell kernels, else FP32), the bias added in FP32, the output cast."""
+    """y = qgemm(a, b, bias=bias) in `out_dtype` within the path's bound: the FP32 product, the bias
+    added in FP32, one rounding to the output dtype (in the kernel's epilogue or after it alike)."""
     ref = ref_gemm(a, b)
-    kernel_dtype = torch.bfloat16 if path.startswith("sm100_") else torch.float32
-    bound = then_rounded(kernel_bound(path, a, b), ref, kernel_dtype)
+    bound = kernel_bound(path, a, b)
     if bias is not None:
         ref = ref + bias.double()
         bound = then_rounded(bound, ref, torch.float32)
     assert y.dtype == out_dtype and y.shape == ref.shape
     assert_within(y, ref, then_rounded(bound, ref, out_dtype), what)
+
+
+def check_bias(a, b, path, out_dtype, **qgemm_kw):
+    """qgemm(a, b, bias=bias) with a random FP32 bias, within the path's bound (`check`)."""
+    bias = torch.randn(b.shape[0], device="cuda")
+    check(gk.qgemm(a, b, bias=bias, out_dtype=out_dtype, **qgemm_kw), a, b, path, out_dtype, bias=bias)
+
+
+def check_accumulate(a, b, path, out_dtype, times, **qgemm_kw):
+    """qgemm(a, b, out=out) `times` times into a random `out` of `out_dtype` (wgrad accumulation over
+    micro-batches): after each, out within the bound of out0 + times * (a @ b^T)."""
+    out0 = torch.randn(a.shape[0], b.shape[0], device="cuda").to(out_dtype)
+    out = out0.clone()
+    product, gemm_bound = ref_gemm(a, b), kernel_bound(path, a, b)
+    bound = torch.zeros_like(product)
+    for i in range(1, times + 1):
+        assert gk.qgemm(a, b, out=out, **qgemm_kw) is out
+        ref = out0.double() + i * product
+        # out + the GEMM, in FP32, stored in out's dtype: the error so far plus this GEMM's, rounded twice
+        bound = then_rounded(bound + gemm_bound, ref, torch.float32, out_dtype)
+        assert_within(out, ref, bound, f"accumulation {i}")
 
 
 def operands(name, m, n, k, gemm_kind="fprop", seed=0, spread=True):
@@ -98,14 +129,28 @@ def operands(name, m, n, k, gemm_kind="fprop", seed=0, spread=True):
 SHAPES = [(128, 128, 128), (1, 8, 16), (33, 72, 144), (257, 264, 1040), (1000, 520, 4112), (64, 4096, 4096)]
 
 
-def configs(b_block, out_dtype):
+def configs(b_block, out_dtype, e5m2=False):
     tiles = ["", "tile=128x128"]
-    if b_block == 128 and out_dtype == torch.bfloat16:
+    if b_block == 128 and out_dtype == torch.bfloat16 and not e5m2:
         tiles.append("tile=64x128")
     return tiles
 
 
 # ---- Hopper FP8 ---------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", sorted(set(RECIPES) - {"bf16"}))
+def test_path_table_on_this_gpu(name):
+    # select_path on real operands agrees with gemm_path's table for this GPU and its kernels; on sm_90
+    # and sm_100 every GEMM of every recipe is on tensor cores.
+    arch = _arch()
+    for gemm_kind in GEMMS:
+        a, b = operands(name, 64, 72, 256, gemm_kind)
+        got = gk.select_path(a, b).path
+        assert got == gk.gemm_path(name, gemm_kind, arch, lambda k: _ext.kernel_available(k, "cuda")).path
+        if arch in ((9, 0), (10, 0)):
+            assert got not in ("blockwise_bf16", "fp32"), (name, gemm_kind, got)
 
 
 @needs_sm90
@@ -114,6 +159,9 @@ def test_dispatch_picks_the_kernel():
     assert gk.select_path(a, b).path == "sm90_fp8"
     a, b = operands("fp4", 256, 256, 256)
     assert gk.select_path(a, b).path == "sm90_fp4"
+    a, b = operands("fp8_e5m2grad", 256, 256, 256, "dgrad")
+    assert gk.select_path(a, b).path == ("sm90_fp8" if _ext.kernel_available("fp8_gemm_nt_blockwise_e5m2", "cuda")
+                                         else "blockwise_bf16")
 
 
 @needs_sm90
@@ -126,6 +174,28 @@ def test_sm90_fp8_against_fp64(m, n, k, gemm_kind, out_dtype):
     for config in configs(b_block, out_dtype):
         y = gk.qgemm(a, b, out_dtype=out_dtype, path="sm90_fp8", config=config)
         check(y, a, b, "sm90_fp8", out_dtype, what=config)
+
+
+@needs_sm90_e5m2
+@pytest.mark.parametrize("m, n, k", SHAPES)
+@pytest.mark.parametrize("gemm_kind", ["dgrad", "wgrad"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_sm90_e5m2_against_fp64(m, n, k, gemm_kind, out_dtype):
+    # The fp8_e5m2grad recipe's gradient GEMMs: E5M2 dy (dy^T) times E4M3 w^T (x^T), on wgmma's mixed
+    # QGMMA.E5M2.E4M3; wgrad with BF16 output runs the FP32 instantiation and casts.
+    a, b = operands("fp8_e5m2grad", m, n, k, gemm_kind)
+    assert a.spec.element == E5M2 and gk.select_path(a, b, out_dtype=out_dtype).path == "sm90_fp8"
+    b_block = 1 if gemm_kind == "wgrad" else 128
+    for config in configs(b_block, out_dtype, e5m2=True):
+        y = gk.qgemm(a, b, out_dtype=out_dtype, path="sm90_fp8", config=config)
+        check(y, a, b, "sm90_fp8", out_dtype, what=config)
+
+
+@needs_sm90_e5m2
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_sm90_e5m2_accumulate_and_bias(out_dtype):
+    check_accumulate(*operands("fp8_e5m2grad", 200, 264, 1040, "wgrad"), "sm90_fp8", out_dtype, 1, path="sm90_fp8")
+    check_bias(*operands("fp8_e5m2grad", 200, 264, 512, "dgrad"), "sm90_fp8", out_dtype, path="sm90_fp8")
 
 
 @needs_sm90
@@ -157,16 +227,7 @@ def test_sm90_bias(out_dtype):
 @pytest.mark.parametrize("gemm_kind", ["wgrad", "fprop"])
 def test_sm90_accumulate(out_dtype, n, gemm_kind):
     a, b = operands("fp8", 200, n, 1040, gemm_kind)
-    out0 = torch.randn(200, n, device="cuda").to(out_dtype)
-    out = out0.clone()
-    product, gemm_bound = ref_gemm(a, b), kernel_bound("sm90_fp8", a, b)
-    bound = torch.zeros_like(product)
-    for times in (1, 2):  # twice: wgrad accumulation over micro-batches
-        assert gk.qgemm(a, b, out=out, path="sm90_fp8") is out
-        ref = out0.double() + times * product
-        # out + the GEMM, in FP32, stored in out's dtype: the error so far plus this GEMM's, rounded twice
-        bound = then_rounded(bound + gemm_bound, ref, torch.float32, out_dtype)
-        assert_within(out, ref, bound, f"accumulation {times}")
+    check_accumulate(a, b, "sm90_fp8", out_dtype, 2, path="sm90_fp8")
 
 
 @needs_sm90
@@ -280,20 +341,40 @@ def test_sm90_op_refuses_other_archs():
 @needs_sm100
 @pytest.mark.parametrize("kind", ["nvfp4", "mxfp4", "mxfp8"])
 @pytest.mark.parametrize("m, n, k", [(128, 128, 256), (1, 8, 32), (33, 72, 160), (257, 264, 1056), (1000, 520, 4128)])
-@pytest.mark.parametrize("gemm_kind", ["fprop", "wgrad"])
-def test_sm100_against_fp64(kind, m, n, k, gemm_kind):
+@pytest.mark.parametrize("gemm_kind", ["fprop", "dgrad", "wgrad"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_sm100_against_fp64(kind, m, n, k, gemm_kind, out_dtype):
     a, b = operands(kind, m, n, k, gemm_kind)
-    assert gk.select_path(a, b).path == f"sm100_{kind}"
-    check(gk.qgemm(a, b), a, b, f"sm100_{kind}", torch.bfloat16)
+    assert gk.select_path(a, b, out_dtype=out_dtype).path == f"sm100_{kind}"
+    check(gk.qgemm(a, b, out_dtype=out_dtype), a, b, f"sm100_{kind}", out_dtype)
 
 
 @needs_sm100
-def test_sm100_bias_and_fp32_fallback():
-    a, b = operands("nvfp4", 200, 264, 512)
-    bias = torch.randn(264, device="cuda")
-    check(gk.qgemm(a, b, bias=bias), a, b, "sm100_nvfp4", torch.bfloat16, bias=bias)
-    assert gk.select_path(a, b, out_dtype=torch.float32).path == "bf16_exact"
-    check(gk.qgemm(a, b, out_dtype=torch.float32), a, b, "bf16_exact")
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_sm100_bias_and_accumulate(out_dtype):
+    check_bias(*operands("nvfp4", 200, 264, 512), "sm100_nvfp4", out_dtype)
+    check_accumulate(*operands("mxfp8", 200, 264, 1056, "wgrad"), "sm100_mxfp8", out_dtype, 1)
+
+
+@needs_sm100_fp8
+@pytest.mark.parametrize("name", ["fp8", "fp8_e5m2grad", "fp4"])
+@pytest.mark.parametrize("m, n, k", SHAPES)
+@pytest.mark.parametrize("gemm_kind", ["fprop", "dgrad", "wgrad"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_sm100_fp8_blockwise_against_fp64(name, m, n, k, gemm_kind, out_dtype):
+    # The FP8 blockwise op's tcgen05 kernels: FP32 scales per 1x128 (A) and 128x128 / 1x128 (B) block,
+    # E4M3 or E5M2 A, E2M1 re-encoded as E4M3 for the fp4 recipe.
+    a, b = operands(name, m, n, k, gemm_kind)
+    path = "sm100_fp4" if name == "fp4" else "sm100_fp8"
+    assert gk.select_path(a, b, out_dtype=out_dtype).path == path
+    check(gk.qgemm(a, b, out_dtype=out_dtype), a, b, path, out_dtype)
+
+
+@needs_sm100_fp8
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_sm100_fp8_blockwise_bias_and_accumulate(out_dtype):
+    check_bias(*operands("fp8", 200, 264, 512), "sm100_fp8", out_dtype)
+    check_accumulate(*operands("fp8_e5m2grad", 200, 264, 1040, "wgrad"), "sm100_fp8", out_dtype, 2)
 
 
 # ---- the pure-PyTorch GPU paths ------------------------------------------------------------------
@@ -308,6 +389,31 @@ def test_bf16_exact_path(name):
     a, b = quantized(torch.randn(64, 384, device="cuda"), pow2), quantized(torch.randn(72, 384, device="cuda"), pow2)
     assert gk.select_path(a, b).path in ("bf16_exact", "sm90_fp4")
     check(gk.qgemm(a, b, out_dtype=torch.float32, path="bf16_exact"), a, b, "bf16_exact")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["fp8", "fp8_e5m2grad", "fp4", "mxfp8"])
+@pytest.mark.parametrize("gemm_kind", ["fprop", "dgrad", "wgrad"])
+def test_blockwise_bf16_path(name, gemm_kind):
+    # The fallback where no kernel exists: BF16 tensor cores per K chunk, FP32 partial sums, never TF32.
+    a, b = operands(name, 257, 264, 1040, gemm_kind)
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # TF32 allowed globally: the path must not care
+    try:
+        y = gk.qgemm(a, b, out_dtype=torch.float32, path="blockwise_bf16")
+    finally:
+        torch.set_float32_matmul_precision(prev)
+    check(y, a, b, "blockwise_bf16")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fp64_fallback_warns_on_a_gpu():
+    wide = QuantSpec(element_format("e5m10"), (1, 128))
+    a = quantized(torch.randn(64, 256, device="cuda"), wide)
+    b = quantized(torch.randn(72, 256, device="cuda"), wide)
+    with pytest.warns(RuntimeWarning, match="no tensor-core path"):
+        y = gk.qgemm(a, b, out_dtype=torch.float32)
+    check(y, a, b, "fp32")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -2,7 +2,8 @@
 //   nvfp4 x nvfp4 (E2M1, one E4M3 scale per 16 elements, FP32 alpha = product of tensor scales)
 //   mxfp4 x mxfp4 (E2M1, one E8M0 scale per 32 elements)
 //   mxfp8 x mxfp8 (E4M3, one E8M0 scale per 32 elements)
-// -> BF16 D[M, N], FP32 accumulation in tensor memory. Built on CUTLASS's
+// -> D[M, N] in BF16, or in FP32 (wgrad: the weight gradient is accumulated in FP32), FP32
+// accumulation in tensor memory. Built on CUTLASS's
 // OpClassBlockScaledTensorOp collective builder (the kernels of example 72), warp-specialized,
 // persistent (CLC tile scheduler), 2-SM MMA with a 2x1 cluster.
 //
@@ -35,13 +36,14 @@ SNIP_DEFINE_GEMM_ENTRY(mxfp8_gemm_nt)
 
 using namespace cute;
 
-// Entry: a tag that picks the op-named kernel entry (for check_sass.sh).
+// Entry: a tag that picks the op-named kernel entry (for check_sass.sh). ElementD: cutlass::bfloat16_t
+// or float.
 template <class ElementPairA_, class ElementPairB_, int kAlign, class MmaTileShape_, class ClusterShape_,
-          class KernelSchedule_, class EpilogueSchedule_, class Entry>
+          class KernelSchedule_, class EpilogueSchedule_, class Entry, class ElementD_>
 struct BlockScaledGemmNt {
   using ElementPairA = ElementPairA_;
   using ElementPairB = ElementPairB_;
-  using ElementD = cutlass::bfloat16_t;
+  using ElementD = ElementD_;
   using ElementAccumulator = float;
   using ElementCompute = float;
   using LayoutA = cutlass::layout::RowMajor;     // A[M, K], K contiguous
@@ -117,19 +119,22 @@ struct MxFp8Entry {
   template <class K> static void const* entry() { return reinterpret_cast<void const*>(&mxfp8_gemm_nt_kernel<K>); }
 };
 
-// The configurations (one per format; csrc/gemm/sm100/blockscaled_gemm_heuristic.h): 2-SM MMA,
-// 256x256 output tile per SM pair, cluster 2x1, K tile = 128 bytes of codes per row.
+// The configurations (one per format and output dtype; csrc/gemm/sm100/blockscaled_gemm_heuristic.h):
+// 2-SM MMA, 256x256 output tile per SM pair, cluster 2x1, K tile = 128 bytes of codes per row.
+template <class ElementD>
 using NvFp4Gemm = BlockScaledGemmNt<cutlass::nv_float4_t<cutlass::float_e2m1_t>,
                                     cutlass::nv_float4_t<cutlass::float_e2m1_t>, 32, Shape<_256, _256, _256>,
                                     Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecialized2SmNvf4Sm100,
-                                    cutlass::epilogue::TmaWarpSpecialized2Sm, NvFp4Entry>;
+                                    cutlass::epilogue::TmaWarpSpecialized2Sm, NvFp4Entry, ElementD>;
+template <class ElementD>
 using MxFp4Gemm = BlockScaledGemmNt<cutlass::mx_float4_t<cutlass::float_e2m1_t>,
                                     cutlass::mx_float4_t<cutlass::float_e2m1_t>, 32, Shape<_256, _256, _256>,
                                     Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecialized2SmMxf4Sm100,
-                                    cutlass::epilogue::TmaWarpSpecialized2Sm, MxFp4Entry>;
+                                    cutlass::epilogue::TmaWarpSpecialized2Sm, MxFp4Entry, ElementD>;
+template <class ElementD>
 using MxFp8Gemm = BlockScaledGemmNt<cutlass::mx_float8_t<cutlass::float_e4m3_t>,
                                     cutlass::mx_float8_t<cutlass::float_e4m3_t>, 16, Shape<_256, _256, _128>,
                                     Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecialized2SmMxf8f6f4Sm100,
-                                    cutlass::epilogue::TmaWarpSpecialized2Sm, MxFp8Entry>;
+                                    cutlass::epilogue::TmaWarpSpecialized2Sm, MxFp8Entry, ElementD>;
 
 }  // namespace snip::gemm::sm100

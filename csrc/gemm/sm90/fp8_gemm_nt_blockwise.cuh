@@ -1,10 +1,13 @@
-// Hopper (sm_90a) FP8 E4M3 x E4M3 block-scaled GEMM, "NT" (both operands K-major):
+// Hopper (sm_90a) FP8 block-scaled GEMM, E4M3 x E4M3 or E5M2 x E4M3, "NT" (both operands K-major):
 // warp-specialized persistent kernel, TMA loads, wgmma (QGMMA) with FP32 accumulation and the
 // per-128-K-block scale promotion of CUTLASS's MainloopSm90TmaGmmaWarpSpecializedBlockwiseFP8
 // (example 67), epilogue D = acc (+ bias[n]) (+ D) through TMA.
 //
 // Included by one .cu per instantiation (sm90/fp8_gemm_nt_blockwise_<variant>.cu), so the
 // instantiations compile in parallel. Template parameters:
+//   ElementA    cutlass::float_e4m3_t, or cutlass::float_e5m2_t for the gradients of the
+//               fp8_e5m2grad recipe (dgrad A = dy, wgrad A = dy^T); B is always E4M3. wgmma
+//               multiplies the mixed pair natively (QGMMA...E5M2.E4M3).
 //   kBlockN     B's scale granularity along N: 128 (128x128 weight blocks: fprop, dgrad) or
 //               1 (1x128 rows: wgrad, where B = x^T is quantized along the token dimension).
 //               A always has 1x128 blocks (one scale per row and 128-wide K block).
@@ -29,19 +32,28 @@
 #include "cutlass/numeric_types.h"
 
 #include "gemm/cutlass_launch.cuh"
+#include "gemm/fp8_blockwise_arguments.cuh"
 #include "gemm/gemm_args.h"
 
 namespace snip::gemm::sm90 {
 
+// One entry per A element type, so that each has its own name in the SASS (scripts/check_sass.sh)
+// and its own self-check (snip_ops/self_check.py): fp8_gemm_nt_blockwise_kernel (E4M3 A),
+// fp8_gemm_nt_blockwise_e5m2_kernel (E5M2 A).
 SNIP_DEFINE_GEMM_ENTRY(fp8_gemm_nt_blockwise)
+SNIP_DEFINE_GEMM_ENTRY(fp8_gemm_nt_blockwise_e5m2)
 
 using namespace cute;
 
-template <int kBlockN, class ElementD_, class TileShape_, class ClusterShape_, class KernelSchedule_,
-          class EpilogueSchedule_>
+template <class ElementA_, int kBlockN_, class ElementD_, class TileShape_, class ClusterShape_,
+          class KernelSchedule_, class EpilogueSchedule_>
 struct Fp8GemmNtBlockwise {
+  using Self = Fp8GemmNtBlockwise;
+  static constexpr int kBlockN = kBlockN_;
   static_assert(kBlockN == 1 || kBlockN == 128, "B scale blocks are 1x128 or 128x128");
-  using ElementA = cutlass::float_e4m3_t;
+  static_assert(cute::is_same_v<ElementA_, cutlass::float_e4m3_t> || cute::is_same_v<ElementA_, cutlass::float_e5m2_t>,
+                "A is E4M3 or E5M2");
+  using ElementA = ElementA_;
   using ElementB = cutlass::float_e4m3_t;
   using ElementD = ElementD_;
   using ElementC = ElementD_;  // accumulate-into-output reads D as C
@@ -85,72 +97,37 @@ struct Fp8GemmNtBlockwise {
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                           CollectiveEpilogue>;
 
-  using StrideA = typename GemmKernel::StrideA;
-  using StrideB = typename GemmKernel::StrideB;
-  using StrideC = typename GemmKernel::StrideC;
-  using StrideD = typename GemmKernel::StrideD;
-
-  static LayoutSFA layout_sfa(const Fp8BlockwiseArgs& p) {
-    const int kb = (p.k + kScaleK - 1) / kScaleK;
-    return LayoutSFA{
-        make_shape(make_shape(Int<1>{}, int32_t(p.sfa_rows)), make_shape(Int<kScaleK>{}, int32_t(kb)), int32_t(1)),
-        make_stride(make_stride(_0{}, _1{}), make_stride(_0{}, int32_t(p.ld_sfa)), int32_t(p.ld_sfa * kb))};
-  }
-  static LayoutSFB layout_sfb(const Fp8BlockwiseArgs& p) {
-    const int kb = (p.k + kScaleK - 1) / kScaleK;
-    return LayoutSFB{make_shape(make_shape(Int<kBlockN>{}, int32_t(p.sfb_rows)),
-                                make_shape(Int<kScaleK>{}, int32_t(kb)), int32_t(1)),
-                     make_stride(make_stride(_0{}, _1{}), make_stride(_0{}, int32_t(p.ld_sfb)),
-                                 int32_t(p.ld_sfb * kb))};
-  }
-
-  static typename GemmKernel::Arguments arguments(const Fp8BlockwiseArgs& p) {
-    const StrideA stride_a = make_stride(int64_t(p.lda), _1{}, int64_t(0));
-    const StrideB stride_b = make_stride(int64_t(p.ldb), _1{}, int64_t(0));
-    const StrideD stride_d = make_stride(int64_t(p.ldd), _1{}, int64_t(0));
-    auto* d = static_cast<ElementD*>(p.d);
-    typename GemmKernel::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGemm,
-        {p.m, p.n, p.k, 1},
-        {static_cast<ElementA const*>(p.a), stride_a, static_cast<ElementB const*>(p.b), stride_b, p.sfa,
-         layout_sfa(p), p.sfb, layout_sfb(p)},
-        // C aliases D: read only when accumulating (beta = 1); with beta = 0 it is never loaded.
-        {{}, d, stride_d, d, stride_d}};
-    auto& fusion = args.epilogue.thread;
-    fusion.alpha = 1.0f;
-    fusion.beta = p.accumulate ? 1.0f : 0.0f;
-    fusion.bias_ptr = p.bias;
-    args.hw_info.device_id = p.device;
-    args.hw_info.sm_count = p.sm_count;
-    using RasterOptions = typename GemmKernel::TileScheduler::RasterOrderOptions;
-    args.scheduler.raster_order = p.raster == Raster::kAlongM   ? RasterOptions::AlongM
-                                  : p.raster == Raster::kAlongN ? RasterOptions::AlongN
-                                                                : RasterOptions::Heuristic;
-    args.scheduler.max_swizzle_size = p.swizzle;
-    return args;
-  }
+  // The CUTLASS arguments (the same builder as the sm100 kernel's: fp8_blockwise_arguments.cuh).
+  static LayoutSFA layout_sfa(const Fp8BlockwiseArgs& p) { return fp8_blockwise_layout_sfa<Self>(p); }
+  static LayoutSFB layout_sfb(const Fp8BlockwiseArgs& p) { return fp8_blockwise_layout_sfb<Self>(p); }
+  static typename GemmKernel::Arguments arguments(const Fp8BlockwiseArgs& p) { return fp8_blockwise_arguments<Self>(p); }
 
   static size_t workspace_size(const Fp8BlockwiseArgs& p) { return GemmKernel::get_workspace_size(arguments(p)); }
 
+  static void const* entry() {
+    if constexpr (cute::is_same_v<ElementA, cutlass::float_e5m2_t>)
+      return reinterpret_cast<void const*>(&fp8_gemm_nt_blockwise_e5m2_kernel<GemmKernel>);
+    else
+      return reinterpret_cast<void const*>(&fp8_gemm_nt_blockwise_kernel<GemmKernel>);
+  }
+
   static LaunchResult run(const Fp8BlockwiseArgs& p, void* workspace, cudaStream_t stream) {
-    return run_gemm_kernel<GemmKernel>(arguments(p),
-                                       reinterpret_cast<void const*>(&fp8_gemm_nt_blockwise_kernel<GemmKernel>),
-                                       workspace, stream);
+    return run_gemm_kernel<GemmKernel>(arguments(p), entry(), workspace, stream);
   }
 };
 
-// The tile configurations (csrc/gemm/sm90/fp8_gemm_heuristic.cpp chooses among the compiled ones).
+// The tile configurations (csrc/gemm/fp8_gemm_heuristic.cpp chooses among the compiled ones).
 // 128x128x128, 2 consumer warpgroups (64 rows each), cluster 1x2 (A tile multicast to 2 CTAs).
-template <int kBlockN, class ElementD>
+template <class ElementA, int kBlockN, class ElementD>
 using Fp8Cooperative128x128 =
-    Fp8GemmNtBlockwise<kBlockN, ElementD, Shape<_128, _128, _128>, Shape<_1, _2, _1>,
+    Fp8GemmNtBlockwise<ElementA, kBlockN, ElementD, Shape<_128, _128, _128>, Shape<_1, _2, _1>,
                        cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise,
                        cutlass::epilogue::TmaWarpSpecializedCooperative>;
 // 64x128x128, ping-pong consumer warpgroups (each a whole tile), no cluster: more tiles for small
 // problems, and one warpgroup's epilogue overlaps the other's mainloop.
-template <int kBlockN, class ElementD>
+template <class ElementA, int kBlockN, class ElementD>
 using Fp8Pingpong64x128 =
-    Fp8GemmNtBlockwise<kBlockN, ElementD, Shape<_64, _128, _128>, Shape<_1, _1, _1>,
+    Fp8GemmNtBlockwise<ElementA, kBlockN, ElementD, Shape<_64, _128, _128>, Shape<_1, _1, _1>,
                        cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8Blockwise,
                        cutlass::epilogue::TmaWarpSpecialized>;
 

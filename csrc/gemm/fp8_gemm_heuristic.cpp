@@ -1,9 +1,9 @@
-#include "gemm/sm90/fp8_gemm_heuristic.h"
+#include "gemm/fp8_gemm_heuristic.h"
 
 #include <cstdint>
 #include <sstream>
 
-namespace snip::gemm::sm90 {
+namespace snip::gemm {
 
 namespace {
 
@@ -70,7 +70,7 @@ Fp8GemmChoice choose_fp8_gemm_config(int m, int n, int k, const std::vector<Tile
   double best_score = -1.0;
   for (size_t i = 0; i < candidates.size(); ++i) {
     const TileCandidate& c = candidates[i];
-    const int64_t tiles_m = ceil_div(m, c.tile_m);
+    const int64_t tiles_m = ceil_div(ceil_div(m, c.tile_m), c.cluster_m) * c.cluster_m;
     const int64_t tiles_n = ceil_div(ceil_div(n, c.tile_n), c.cluster_n) * c.cluster_n;
     const int64_t waves = ceil_div(tiles_m * tiles_n, num_sms);
     const double useful = double(m) * double(n);
@@ -84,4 +84,4 @@ Fp8GemmChoice choose_fp8_gemm_config(int m, int n, int k, const std::vector<Tile
   return best;
 }
 
-}  // namespace snip::gemm::sm90
+}  // namespace snip::gemm

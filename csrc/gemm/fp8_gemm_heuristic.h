@@ -1,18 +1,18 @@
-// Tile-configuration choice for the Hopper FP8 block-scaled GEMM (plain C++, no CUDA/torch): kept
-// apart from the launchers so it can be read, tested (snip_C::fp8_gemm_nt_blockwise_config) and
-// tuned without touching kernel code.
+// Tile-configuration choice for the FP8 block-scaled GEMM (Hopper and Blackwell variants; plain C++,
+// no CUDA/torch): kept apart from the launchers so it can be read, tested
+// (snip_C::fp8_gemm_nt_blockwise_config) and tuned without touching kernel code.
 #pragma once
 #include <string>
 #include <vector>
 
 #include "gemm/gemm_args.h"
 
-namespace snip::gemm::sm90 {
+namespace snip::gemm {
 
 struct TileCandidate {
-  int tile_m, tile_n;
-  int cluster_n;         // CTAs per cluster along N (the persistent grid is rounded to it)
-  double efficiency;     // relative throughput of a full tile (1.0: the 128x128 cooperative kernel)
+  int tile_m, tile_n;           // output tile of one CTA
+  int cluster_m, cluster_n;     // CTAs per cluster (the persistent grid is rounded to it)
+  double efficiency;            // relative throughput of a full tile (1.0: the 128x128 kernels)
 };
 
 struct Fp8GemmChoice {
@@ -33,10 +33,11 @@ struct Fp8GemmOverride {
 bool parse_fp8_gemm_config(const std::string& text, Fp8GemmOverride* out, std::string* error);
 
 // The heuristic: for each candidate, the fraction of the launched SM-waves that does useful work,
-// (M*N) / (waves * num_sms * tile_m * tile_n), times the candidate's full-tile efficiency; the best
+// (M*N) / (waves * num_sms * tile_m * tile_n) (CTA tiles along M and N rounded up to the cluster),
+// times the candidate's full-tile efficiency; the best
 // wins (ties: the earlier candidate). K does not enter: every tile walks all of K. Raster order
 // and swizzle stay CUTLASS's defaults (heuristic raster, no swizzle) unless overridden.
 Fp8GemmChoice choose_fp8_gemm_config(int m, int n, int k, const std::vector<TileCandidate>& candidates,
                                      int num_sms);
 
-}  // namespace snip::gemm::sm90
+}  // namespace snip::gemm
