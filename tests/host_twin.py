@@ -11,15 +11,12 @@ OpenMP over the elements (exhaustive checks run 2^32 of them).
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
-import pytest
+
+from native_build import cached_library, host_toolchain
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [Path(__file__).parent / "native" / "quant_math_capi.cpp", ROOT / "csrc" / "quant" / "quant_math.cuh",
@@ -28,31 +25,16 @@ ELEM = {"e4m3": 0, "e5m2": 1, "e2m1": 2}
 SCALE_KIND = {"fp32": 0, "pow2": 1, "e8m0": 2, "nvfp4": 3}
 
 
-def _cuda_include() -> Path | None:
-    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    for home in filter(None, homes):
-        if (Path(home) / "include" / "cuda_fp8.h").exists():
-            return Path(home) / "include"
-    return None
-
-
 def load() -> ctypes.CDLL:
-    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-    include = _cuda_include()
-    if cxx is None or include is None:
-        why = "the host twin needs a C++ compiler and the CUDA headers (cuda_fp8.h)"
-        if os.environ.get("SNIP_REQUIRE_EXT") == "1":  # CI where nvcc exists: never skip these checks
-            pytest.fail(why)
-        pytest.skip(why)
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + str(include).encode()).hexdigest()[:16]
-    lib = Path(tempfile.gettempdir()) / f"snip_quant_math_{digest}.so"
-    if not lib.exists():
-        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+    cxx, include = host_toolchain("the host twin needs a C++ compiler and the CUDA headers (cuda_fp8.h)")
+
+    def build(out: Path) -> None:
         cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", f"-I{ROOT / 'csrc'}",
-               f"-I{include}", str(SOURCES[0]), "-o", str(tmp)]
+               f"-I{include}", str(SOURCES[0]), "-o", str(out)]
         subprocess.run(cmd, check=True, capture_output=True)
-        os.replace(tmp, lib)
-    return ctypes.CDLL(str(lib))
+
+    key = b"".join(p.read_bytes() for p in SOURCES) + str(include).encode()
+    return ctypes.CDLL(str(cached_library("snip_quant_math", key, build)))
 
 
 def block_scales(lib: ctypes.CDLL, amax_bits: np.ndarray, kind: str, elem: str, tensor_scale: float = 1.0):

@@ -8,6 +8,7 @@
 //
 // No hardware SR (cvt.rs on sm_100a): the software rule is a handful of integer operations, and
 // the kernel is bandwidth bound on both archs.
+#include "kernel_launch.cuh"
 #include "optim/adamw.h"
 #include "optim/adamw_math.cuh"
 
@@ -116,7 +117,8 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const TensorSlot* __res
 template <typename P, typename S>
 cudaError_t launch(const TensorSlot* slots, const int64_t* block_start, int num_slots, int64_t num_blocks,
                    const Scalars& s, uint64_t seed, bool sr, cudaStream_t stream) {
-  adamw_kernel<P, S><<<unsigned(num_blocks), kThreads, 0, stream>>>(slots, block_start, num_slots, s, seed, sr);
+  launch_kernel(adamw_kernel<P, S>, unsigned(num_blocks), kThreads, 0, stream, slots, block_start, num_slots, s, seed,
+                sr);
   return cudaGetLastError();
 }
 

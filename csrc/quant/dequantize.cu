@@ -2,6 +2,7 @@
 // snip_ops.reference.dequantize (then .to(bfloat16) for bf16 output). The FP4-on-Hopper GEMMs run
 // as dequantize + BF16/FP32 GEMM; tests use it too. A thread per 8 consecutive elements of a row
 // (8 FP8 bytes or 4 FP4 bytes in, one scale, 32 / 16 bytes out).
+#include "kernel_launch.cuh"
 #include "quant/quant_io.cuh"
 
 namespace snip::quant {
@@ -80,9 +81,11 @@ cudaError_t launch(const void* codes, int64_t ld, const void* scales, int64_t ld
   const bool vec = reinterpret_cast<uintptr_t>(out) % 16 == 0 && (cols * (bf16 ? 2 : 4)) % 16 == 0;
   const uint8_t* c = static_cast<const uint8_t*>(codes);
   if (bf16)
-    dequantize_kernel<E, true><<<unsigned(ctas), kThreads, 0, stream>>>(c, ld, scales, lds, ts, spec, rows, cols, out, vec);
+    launch_kernel(dequantize_kernel<E, true>, unsigned(ctas), kThreads, 0, stream, c, ld, scales, lds, ts, spec, rows,
+                  cols, out, vec);
   else
-    dequantize_kernel<E, false><<<unsigned(ctas), kThreads, 0, stream>>>(c, ld, scales, lds, ts, spec, rows, cols, out, vec);
+    launch_kernel(dequantize_kernel<E, false>, unsigned(ctas), kThreads, 0, stream, c, ld, scales, lds, ts, spec, rows,
+                  cols, out, vec);
   return cudaGetLastError();
 }
 

@@ -4,6 +4,7 @@
 // reduction, one atomicMax per warp on the float bits (integer order is float order for |x|).
 #include <algorithm>
 
+#include "kernel_launch.cuh"
 #include "quant/quant_io.cuh"
 
 namespace snip::quant {
@@ -36,8 +37,8 @@ cudaError_t launch(const void* x, int64_t rows, int64_t cols, int64_t ld, float*
   // Enough CTAs to fill any current GPU several times over; the grid-stride loop does the rest.
   const int64_t ctas = std::min<int64_t>((runs + kThreads - 1) / kThreads, 8192);
   const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && (ld * int64_t(sizeof(T))) % 16 == 0;
-  quantize_tensor_amax_kernel<T><<<unsigned(ctas), kThreads, 0, stream>>>(
-      static_cast<const T*>(x), rows, cols, ld, vec, reinterpret_cast<uint32_t*>(amax));
+  launch_kernel(quantize_tensor_amax_kernel<T>, unsigned(ctas), kThreads, 0, stream, static_cast<const T*>(x), rows,
+                cols, ld, vec, reinterpret_cast<uint32_t*>(amax));
   return cudaGetLastError();
 }
 

@@ -6,6 +6,7 @@
 // 16-byte-vector load share, one IEEE divide, the rounding (hardware cvt for RNE where it exists,
 // the arithmetic of quant_math.cuh otherwise; SR adds one Philox4x32-10 block per 4 elements), and
 // one vector store share (16 bytes of FP8 or 8 bytes of FP4 codes per thread). Memory-bound by design.
+#include "kernel_launch.cuh"
 #include "quant/launch_dispatch.cuh"
 #include "quant/quant_io.cuh"
 
@@ -81,7 +82,7 @@ cudaError_t launch(const Args& a, cudaStream_t stream) {
   const bool vec_in = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && (a.ld * int64_t(sizeof(T))) % 16 == 0;
   constexpr int kOutBytes = kRun * kCodeBits<E> / 8;
   const bool vec_out = reinterpret_cast<uintptr_t>(a.row.codes) % kOutBytes == 0 && a.row.ld % kOutBytes == 0;
-  quantize_rows_kernel<T, E, kSR><<<unsigned(ctas), kThreads, 0, stream>>>(a, vec_in, vec_out);
+  launch_kernel(quantize_rows_kernel<T, E, kSR>, unsigned(ctas), kThreads, 0, stream, a, vec_in, vec_out);
   return cudaGetLastError();
 }
 

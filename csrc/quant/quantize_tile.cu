@@ -16,6 +16,7 @@
 // the other computes (a few bytes spill on 16-bit inputs, more on float32).
 #include <algorithm>
 
+#include "kernel_launch.cuh"
 #include "quant/launch_dispatch.cuh"
 #include "quant/quant_io.cuh"
 
@@ -257,7 +258,7 @@ cudaError_t launch(const Args& a, cudaStream_t stream) {
   f.vec_in = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && (a.ld * int64_t(sizeof(T))) % 16 == 0;
   f.vec_row = reinterpret_cast<uintptr_t>(a.row.codes) % kRowBytes == 0 && a.row.ld % kRowBytes == 0;
   f.vec_col = reinterpret_cast<uintptr_t>(a.col.codes) % 4 == 0 && a.col.ld % 4 == 0;
-  quantize_tile_kernel<T, E, kSR><<<unsigned(tiles), kThreads, 0, stream>>>(a, f);
+  launch_kernel(quantize_tile_kernel<T, E, kSR>, unsigned(tiles), kThreads, 0, stream, a, f);
   return cudaGetLastError();
 }
 
