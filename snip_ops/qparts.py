@@ -3,7 +3,8 @@ without data (for fake implementations under torch.compile).
 
 Parts: `codes`, then `scales` unless the format is unscaled, then the 0-d float32 tensor scale of
 nvfp4 (`num_parts`). The shapes and dtypes are those of `reference.quantize` -- and of the CUDA
-quantizer, which produces the same layout.
+quantizer, which produces the same layout -- with the scales in the given scale layout
+(`reference.QTensor.scale_layout`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 
 from .formats import QuantSpec, ScaleKind
 from .reference import _TORCH_CODE_DTYPES, QTensor, block_shape
+from .scale_layout import blackwell_shape
 
 __all__ = ["to_parts", "from_parts", "meta_parts", "num_parts"]
 
@@ -35,14 +37,17 @@ def to_parts(q: QTensor) -> list[torch.Tensor]:
     return parts
 
 
-def from_parts(parts: list[torch.Tensor], spec: QuantSpec, shape: tuple[int, int]) -> QTensor:
+def from_parts(parts: list[torch.Tensor], spec: QuantSpec, shape: tuple[int, int],
+               scale_layout: str = "plain") -> QTensor:
     scales = parts[1] if spec.scale != ScaleKind.NONE else None
     ts = parts[2] if spec.scale == ScaleKind.NVFP4 else None
-    return QTensor(parts[0], scales, spec, tuple(shape), ts)
+    return QTensor(parts[0], scales, spec, tuple(shape), ts, scale_layout)
 
 
-def meta_parts(spec: QuantSpec, shape: tuple[int, int], like: torch.Tensor) -> list[torch.Tensor]:
-    """Empty tensors with the shapes and dtypes of `to_parts(quantize(x [shape], spec))`."""
+def meta_parts(spec: QuantSpec, shape: tuple[int, int], like: torch.Tensor,
+               scale_layout: str = "plain") -> list[torch.Tensor]:
+    """Empty tensors with the shapes and dtypes of
+    `to_parts(quantize(x [shape], spec, scale_layout=scale_layout))`."""
     rows, cols = shape
     bits = spec.element.bits
     if bits == 4:
@@ -53,7 +58,10 @@ def meta_parts(spec: QuantSpec, shape: tuple[int, int], like: torch.Tensor) -> l
         parts = [like.new_empty(rows, cols, dtype=torch.int32)]
     if spec.scale != ScaleKind.NONE:
         br, bc = block_shape(spec, shape)
-        parts.append(like.new_empty(-(-rows // br), -(-cols // bc), dtype=_SCALE_DTYPES[spec.scale]))
+        grid = (-(-rows // br), -(-cols // bc))
+        if scale_layout == "blackwell":
+            grid = blackwell_shape(*grid)
+        parts.append(like.new_empty(*grid, dtype=_SCALE_DTYPES[spec.scale]))
     if spec.scale == ScaleKind.NVFP4:
         parts.append(like.new_empty((), dtype=torch.float32))
     return parts

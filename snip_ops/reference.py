@@ -29,8 +29,12 @@ import torch
 from . import philox
 from .cast import decode, encode, round_to_format
 from .formats import E4M3, ElementFormat, QuantSpec, Rounding, ScaleKind
+from .scale_layout import from_blackwell
 
-__all__ = ["QTensor", "quantize", "dequantize", "fake_quantize", "check_input", "block_shape", "block_scales", "divide_by"]
+__all__ = ["QTensor", "quantize", "dequantize", "fake_quantize", "check_input", "block_shape", "block_scales", "divide_by",
+           "SCALE_LAYOUTS", "plain_scales", "check_scale_layout"]
+
+SCALE_LAYOUTS = ("plain", "blackwell")
 
 NVFP4_TENSOR_DIVISOR = 448.0 * 6.0
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -45,7 +49,10 @@ class QTensor:
            formats of at most 8 bits, packed two per byte ([rows, ceil(cols / 2)] uint8, element 2j in
            the low nibble) for 4-bit formats, int32 bit patterns for wider simulated formats.
     scales: [ceil(rows / br), ceil(cols / bc)] float32 (FP32, POW2), float8_e8m0fnu (E8M0) or
-           float8_e4m3fn (NVFP4); None for ScaleKind.NONE.
+           float8_e4m3fn (NVFP4); None for ScaleKind.NONE. With scale_layout "blackwell" (1-byte
+           scales of 1-D blocks only) the same scales in the layout the Blackwell block-scaled GEMMs
+           read (`scale_layout.to_blackwell`: padded, not row-major), written so by the quantizer
+           for an operand bound for those GEMMs; `plain_scales` gives the plain grid back.
     tensor_scale: 0-d float32 (NVFP4 only).
     """
 
@@ -54,6 +61,11 @@ class QTensor:
     spec: QuantSpec
     shape: tuple[int, int]
     tensor_scale: torch.Tensor | None = None
+    scale_layout: str = "plain"
+
+    def __post_init__(self):
+        if self.scale_layout not in SCALE_LAYOUTS:
+            raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
 
     def dequantize(self) -> torch.Tensor:
         return dequantize(self)
@@ -61,7 +73,7 @@ class QTensor:
     def t(self) -> "QTensor":
         """The quantized transpose, sharing scales: valid for square 2-D blocks (128x128 weights)."""
         br, bc = block_shape(self.spec, self.shape)
-        if br != bc or self.spec.block[0] == 0:
+        if br != bc or self.spec.block[0] == 0 or self.scale_layout != "plain":
             raise ValueError(f"only square 2-D blocks can be transposed in place, got block {self.spec.block}")
         codes = unpack_codes(self).t().contiguous()
         return QTensor(
@@ -238,6 +250,22 @@ def fake_quantize(
     return y * s_el
 
 
+def check_scale_layout(spec: QuantSpec, scale_layout: str) -> None:
+    """Refuses a scale layout the spec cannot have: "blackwell" holds 1-byte scales of 1-D blocks."""
+    if scale_layout not in SCALE_LAYOUTS:
+        raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
+    if scale_layout == "blackwell" and not (spec.scale in (ScaleKind.E8M0, ScaleKind.NVFP4) and spec.block[0] == 1
+                                            and spec.block[1] in (16, 32)):
+        raise ValueError(f"the blackwell scale layout holds E8M0 / NVFP4 scales of 1x16 or 1x32 blocks, not {spec.describe()}")
+
+
+def plain_scales(q: QTensor) -> torch.Tensor | None:
+    """q's scales as the plain [ceil(rows / br), ceil(cols / bc)] grid, whatever q's scale layout."""
+    if q.scale_layout == "plain" or q.scales is None:
+        return q.scales
+    return from_blackwell(q.scales, q.shape[0], -(-q.shape[1] // q.spec.block[1]))
+
+
 def dequantize(q: QTensor) -> torch.Tensor:
     """float32 values of a QTensor: element value times its block's scale (times the tensor scale)."""
     fmt = q.spec.element
@@ -246,7 +274,7 @@ def dequantize(q: QTensor) -> torch.Tensor:
         return y
     rows, cols = q.shape
     br, bc = block_shape(q.spec, q.shape)
-    s = q.scales.float()
+    s = plain_scales(q).float()
     if q.tensor_scale is not None:
         s = s * q.tensor_scale
     return y * _expand(s, br, bc, rows, cols)
