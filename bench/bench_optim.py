@@ -18,12 +18,8 @@ Strategies (all with BF16 autocast compute, so only the weight storage and updat
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -34,26 +30,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-RESULTS = ROOT / "bench" / "results"
+from run_record import provenance, write_result  # noqa: E402
+
 STRATEGIES = {"master": "fp32", "bf16_sr": "bf16_sr", "bf16_nearest": "bf16_nearest"}  # -> TrainConfig.weights
-
-
-def _meta(command: str) -> dict:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = None
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
-            "command": command, "platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-            "loadavg_at_start": os.getloadavg()}
-
-
-def _write(name: str, result: dict, md: str) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS / f"{name}.md").write_text(md)
-    print(md)
-    print(f"wrote {RESULTS / name}.json/.md")
 
 
 # ---- quality ----------------------------------------------------------------------------------
@@ -84,7 +63,7 @@ def quality(args) -> None:
         table.setdefault(r["strategy"], {}).setdefault(str(r["lr"]), []).append(r["final_val_loss"])
     cmd = (f"python bench/bench_optim.py quality --steps {args.steps} --seeds {args.seeds} "
            f"--lrs {','.join(map(str, args.lrs))} --workers {args.workers}")
-    result = {**_meta(cmd), "wall_s": wall, "setup": "tiny Llama (853K params), batch 8 x 64 tokens, AdamW betas "
+    result = {**provenance(cmd), "wall_s": wall, "setup": "tiny Llama (853K params), batch 8 x 64 tokens, AdamW betas "
               "(0.9, 0.95), weight decay 0.1, warmup 10% + cosine to 0.1 x lr, grad clip 1.0, BF16 autocast compute",
               "steps": args.steps, "rows": rows, "mean_final_val_loss": {
                   st: {lr: statistics.mean(v) for lr, v in by_lr.items()} for st, by_lr in table.items()}}
@@ -107,7 +86,7 @@ def quality(args) -> None:
     for st in ("bf16_sr", "bf16_nearest"):
         gaps = [statistics.mean(table[st][str(lr)]) - statistics.mean(table["master"][str(lr)]) for lr in args.lrs]
         lines.append(f"| {st} | " + " | ".join(f"{g:+.4f}" for g in gaps) + " |")
-    _write("cpu-optim-quality", result, "\n".join(lines) + "\n")
+    write_result("cpu-optim-quality", result, "\n".join(lines) + "\n")
 
 
 # ---- memory -----------------------------------------------------------------------------------
@@ -147,7 +126,7 @@ def memory(args) -> None:
         "bf16_sr, FP32 moments": _measured_bytes("bf16_sr", torch.float32),
         "bf16_sr, BF16 moments": _measured_bytes("bf16_sr", torch.bfloat16),
     }
-    result = {**_meta("python bench/bench_optim.py memory"), "analytic_bytes_per_param": ANALYTIC,
+    result = {**provenance("python bench/bench_optim.py memory"), "analytic_bytes_per_param": ANALYTIC,
               "measured_bytes_per_param": measured,
               "method": "measured: tensor bytes of parameters, gradients and optimizer state (step counters "
                         "included) of the 'small' Llama after one step, divided by the parameter count"}
@@ -164,7 +143,7 @@ def memory(args) -> None:
     lines.append(f"\nbf16_sr with FP32 moments saves {1 - measured['bf16_sr, FP32 moments']['total'] / base:.0%} of "
                  f"the persistent training memory of the FP32-master layout, with BF16 moments "
                  f"{1 - measured['bf16_sr, BF16 moments']['total'] / base:.0%}.")
-    _write("cpu-optim-memory", result, "\n".join(lines) + "\n")
+    write_result("cpu-optim-memory", result, "\n".join(lines) + "\n")
 
 
 # ---- GPU step time ----------------------------------------------------------------------------
@@ -219,7 +198,7 @@ def gpu(args) -> None:
     entries.append({"name": "torch.optim.AdamW(fused=True) on FP32 master + BF16 copy", "seconds": t,
                     "bytes_moved": (4 * 2 + 4 + 8 * 2 + 4 + 2) * n})
     name = torch.cuda.get_device_name()
-    result = {**_meta("python bench/bench_optim.py gpu"), "device": name, "params": n, "entries": entries,
+    result = {**provenance("python bench/bench_optim.py gpu"), "device": name, "params": n, "entries": entries,
               "method": f"CUDA events, L2 flushed, median of {args.iters} after {args.warmup} warm-up steps"}
     write_device_result(result, "optim")
     print(json.dumps(result, indent=1))

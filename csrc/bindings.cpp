@@ -10,21 +10,27 @@
 
 namespace {
 
-// Kernels compiled into this build and the archs each one runs on ("*": every compiled arch).
+// Kernels compiled into this build and the archs each one runs on ("*": every compiled arch; a build
+// without CUDA has none), and whether the op also has a CPU implementation (listed as target "cpu").
 // Add a line per op; guard arch-specific ones with SNIP_HAS_SM90 / SNIP_HAS_SM100.
 struct KernelEntry {
   const char* name;
   const char* archs;
+  bool cpu = false;
 };
 constexpr KernelEntry kKernels[] = {
-    {"quantize", "*"},  // also the tensor-amax pass of nvfp4
-    {"dequantize", "*"},
-    {"adamw", "*"},
+    {"quantize", "*", true},  // also the tensor-amax pass of nvfp4
+    {"dequantize", "*", true},
+    {"adamw", "*", true},
+// The FP8 blockwise op (fp8_gemm_nt_blockwise, also _acc) runs one kernel family per arch and A type.
 #if SNIP_HAS_SM90
-    {"fp8_gemm_nt_blockwise", "sm_90a"},  // also runs fp8_gemm_nt_blockwise_acc
+    {"fp8_gemm_nt_blockwise", "sm_90a"},       // E4M3 x E4M3
+    {"fp8_gemm_nt_blockwise_e5m2", "sm_90a"},  // E5M2 x E4M3
 #endif
 #if SNIP_HAS_SM100
-    {"nvfp4_gemm_nt", "sm_100a"},
+    {"fp8_gemm_nt_blockwise_sm100", "sm_100a"},       // E4M3 x E4M3
+    {"fp8_gemm_nt_blockwise_e5m2_sm100", "sm_100a"},  // E5M2 x E4M3
+    {"nvfp4_gemm_nt", "sm_100a"},  // BF16 and FP32 output
     {"mxfp4_gemm_nt", "sm_100a"},
     {"mxfp8_gemm_nt", "sm_100a"},
 #endif
@@ -47,8 +53,9 @@ std::string json_list(const std::string& csv) {
 std::string build_info() {
   std::string kernels;
   for (const auto& k : kKernels) {
-    const std::string archs = std::string(k.archs) == "*" ? SNIP_ARCHS : k.archs;
-    kernels += (kernels.empty() ? "\"" : ", \"") + std::string(k.name) + "\": " + json_list(archs);
+    std::string targets = std::string(k.archs) == "*" ? SNIP_ARCHS : k.archs;
+    if (k.cpu) targets += targets.empty() ? "cpu" : ",cpu";
+    kernels += (kernels.empty() ? "\"" : ", \"") + std::string(k.name) + "\": " + json_list(targets);
   }
   return std::string("{\"archs\": ") + json_list(SNIP_ARCHS) + ", \"cuda\": \"" SNIP_CUDA_VERSION
          "\", \"torch\": \"" SNIP_TORCH_VERSION "\", \"cutlass\": \"" SNIP_CUTLASS_VERSION
@@ -68,42 +75,44 @@ TORCH_LIBRARY(snip_C, m) {
         "int[] param_indices, int[] index_bases, float decay, float beta1, float one_minus_beta1, float beta2, "
         "float one_minus_beta2, float inv_bias_correction2_sqrt, float step_size, float eps, int step, int seed, "
         "bool bf16_sr) -> ()");
-#if SNIP_HAS_SM90
+#if SNIP_HAS_SM90 || SNIP_HAS_SM100
   m.def("fp8_gemm_nt_blockwise(Tensor a, Tensor sfa, Tensor b, Tensor sfb, int b_block, ScalarType out_dtype, "
         "Tensor? bias=None, str config=\"\") -> Tensor");
   m.def("fp8_gemm_nt_blockwise_acc(Tensor a, Tensor sfa, Tensor b, Tensor sfb, int b_block, Tensor(a!) out, "
         "str config=\"\") -> ()");
   m.def("fp8_gemm_nt_blockwise_config(int m, int n, int k, int b_block, ScalarType out_dtype, int num_sms, "
-        "str config=\"\") -> str",
+        "str config=\"\", int arch=90, ScalarType a_dtype=float8_e4m3fn) -> str",
         &snip::fp8_gemm_nt_blockwise_config);
 #endif
 #if SNIP_HAS_SM100
-  m.def("nvfp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor alpha) -> Tensor");
-  m.def("mxfp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb) -> Tensor");
-  m.def("mxfp8_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb) -> Tensor");
+  m.def("nvfp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor alpha, ScalarType out_dtype=bfloat16) "
+        "-> Tensor");
+  m.def("mxfp4_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, ScalarType out_dtype=bfloat16) -> Tensor");
+  m.def("mxfp8_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, ScalarType out_dtype=bfloat16) -> Tensor");
 #endif
 }
 
 // The ops with a device kernel and a Meta function, as X(name) lists per arch, so that each name is
 // written once for both registrations below.
 #define SNIP_COMMON_OPS(X) X(quantize) X(dequantize)
-#if SNIP_HAS_SM90
-#define SNIP_SM90_OPS(X) X(fp8_gemm_nt_blockwise) X(fp8_gemm_nt_blockwise_acc)
+#if SNIP_HAS_SM90 || SNIP_HAS_SM100
+#define SNIP_FP8_BLOCKWISE_OPS(X) X(fp8_gemm_nt_blockwise) X(fp8_gemm_nt_blockwise_acc)
 #else
-#define SNIP_SM90_OPS(X)
+#define SNIP_FP8_BLOCKWISE_OPS(X)
 #endif
 #if SNIP_HAS_SM100
 #define SNIP_SM100_OPS(X) X(nvfp4_gemm_nt) X(mxfp4_gemm_nt) X(mxfp8_gemm_nt)
 #else
 #define SNIP_SM100_OPS(X)
 #endif
-#define SNIP_KERNEL_OPS(X) SNIP_COMMON_OPS(X) SNIP_SM90_OPS(X) SNIP_SM100_OPS(X)
+#define SNIP_KERNEL_OPS(X) SNIP_COMMON_OPS(X) SNIP_FP8_BLOCKWISE_OPS(X) SNIP_SM100_OPS(X)
 
 namespace {
 
-// CUDA and CPU share each op's entry point. On the CPU most of them run their argument checks and
-// then refuse with a message that points to the PyTorch reference (instead of the dispatcher's
-// generic "no CPU backend" error); adamw_ runs its host loop.
+// CUDA and CPU share each op's entry point. On the CPU quantize, dequantize and adamw_ run their host
+// implementations (the kernels' arithmetic); the GEMMs run their argument checks and then refuse
+// with a message that points to the PyTorch reference (instead of the dispatcher's generic "no CPU
+// backend" error). A build without CUDA registers the CPU implementations only.
 void impl_device_ops(torch::Library& m) {
 #define SNIP_IMPL(op) m.impl(#op, &snip::op);
   SNIP_KERNEL_OPS(SNIP_IMPL)
@@ -113,7 +122,9 @@ void impl_device_ops(torch::Library& m) {
 
 }  // namespace
 
+#if SNIP_WITH_CUDA
 TORCH_LIBRARY_IMPL(snip_C, CUDA, m) { impl_device_ops(m); }
+#endif
 TORCH_LIBRARY_IMPL(snip_C, CPU, m) { impl_device_ops(m); }
 
 TORCH_LIBRARY_IMPL(snip_C, Meta, m) {

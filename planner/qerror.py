@@ -10,7 +10,8 @@ squared:
 
 bf16 is the planner's reference (the high-precision GEMM), so its errors are 0 by definition.
 Stochastic rounding (FP4 gradients) draws its bits from a fixed (seed, offset): errors are
-deterministic for a given seed.
+deterministic for a given seed. The quantized operands come from the native quantizer where it exists
+for the device (on the CPU its host implementation), else from the reference: the same values.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from snip_ops import gemm
 from snip_ops.formats import GEMMS, recipe
+from snip_ops.quantize import fake_quantize
 
 from .stats import LayerRecording
 
@@ -41,7 +43,9 @@ def _emulated_gemms(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, r, seed:
     except that Q(w^T) is taken as Q(w)^T where that is exact (`gemm.transpose_shares_quantization`:
     the 128x128 weight blocks), which saves one weight quantization."""
     def q(t, spec, operand, transpose=False):
-        return gemm.emulated_operand(t, spec, seed, 0, operand, transpose)
+        if spec is None:
+            return gemm.emulated_operand(t, spec, seed, 0, operand, transpose)
+        return fake_quantize(t, spec, seed=seed, offset=gemm.operand_offset(0, operand), transpose=transpose)
 
     wq = q(w, r.weight, "w")
     wtq = wq.t() if gemm.transpose_shares_quantization(r.weight) else q(w, r.weight, "wt", transpose=True)
@@ -55,7 +59,8 @@ def _emulated_gemms(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, r, seed:
 
 def gemm_errors(rec: LayerRecording, candidates: Iterable[str], seed: int = 0) -> dict[str, dict[str, float]]:
     """{precision: {"fprop": e_fwd, "dgrad": e_dgrad, "wgrad": e_wgrad}} for one recorded layer, from the
-    GEMM kernels where `snip_ops.gemm` would run them, else from the emulated GEMMs."""
+    GEMM kernels where `snip_ops.gemm` would run them on a GPU, else from the emulated GEMMs (on the
+    CPU `snip_ops.gemm` multiplies in FP32 as they do, and they save one weight quantization)."""
     x, dy, w = rec.x, rec.dy, rec.weight.float()
     mm = gemm.fp32_mm
     exact = {"fprop": mm(x, w.t()), "dgrad": mm(dy, w), "wgrad": mm(dy.t(), x)}
@@ -65,7 +70,7 @@ def gemm_errors(rec: LayerRecording, candidates: Iterable[str], seed: int = 0) -
         if r.is_bf16:
             out[name] = {g: 0.0 for g in GEMMS}
             continue
-        if gemm.uses_kernels(x, r):
+        if x.is_cuda and gemm.uses_kernels(x, r):
             approx = {"fprop": gemm.fprop(x, w, r, seed=seed), "dgrad": gemm.dgrad(dy, w, r, seed=seed),
                       "wgrad": gemm.wgrad(dy, x, r, seed=seed)}
         else:

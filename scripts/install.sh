@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Installs snip from this tree, on a fresh machine or an installed one alike:
-#   1. installs what is missing (torch, and for the CUDA build: CUTLASS headers, cmake, ninja),
-#   2. pip install --no-build-isolation -e ".[test]" (builds snip_ops._C where nvcc and a CUDA
-#      torch exist; incremental, so a second call is quick),
-#   3. when the extension was built: checks it imports and that its SASS holds every kernel.
+#   1. installs what is missing (torch; for the extension cmake and ninja, for its CUDA kernels the
+#      CUTLASS headers),
+#   2. pip install --no-build-isolation -e ".[test]" (builds snip_ops._C: with its CUDA kernels where
+#      nvcc and a CUDA torch exist, else without CUDA, the ops' CPU implementations only, where a
+#      C++ compiler exists; incremental, so a second call is quick),
+#   3. when the extension was built: checks it imports, and that its SASS holds every CUDA kernel.
 # Env: PYTHON (interpreter), SNIP_TORCH_SPEC (torch to install if none), SNIP_CUDA_ARCHS,
-#      SNIP_NO_CUDA=1 (pure Python), SNIP_REQUIRE_EXT=1 (fail unless the extension is built),
+#      SNIP_NO_CUDA=1 (no CUDA kernels: the CPU implementations only), SNIP_NO_EXT=1 (pure Python),
+#      SNIP_REQUIRE_EXT=1 (fail unless the CUDA kernels are built),
 #      SNIP_PIP_NO_DEPS=1 (offline machines with the dependencies preinstalled).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,21 +19,28 @@ if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_
 
 "$PY" -c "import torch" 2>/dev/null || pip_install "${SNIP_TORCH_SPEC:-torch==2.14.1}"
 
-build_ext=0
-if [ "${SNIP_NO_CUDA:-0}" != 1 ] && { [ -x "${CUDA_HOME:-/nonexistent}/bin/nvcc" ] || command -v nvcc >/dev/null; } \
-   && "$PY" -c "import torch, sys; sys.exit(torch.version.cuda is None)"; then
-  build_ext=1
+# What setup.py builds (the same rules): cuda, cpu (the extension without CUDA) or none.
+build_ext=none
+if [ "${SNIP_NO_EXT:-0}" != 1 ]; then
+  if [ "${SNIP_NO_CUDA:-0}" != 1 ] && { [ -x "${CUDA_HOME:-/nonexistent}/bin/nvcc" ] || command -v nvcc >/dev/null; } \
+     && "$PY" -c "import torch, sys; sys.exit(torch.version.cuda is None)"; then
+    build_ext=cuda
+  elif for cxx in ${CXX:-} c++ g++ clang++; do command -v "$cxx" >/dev/null && break; done; then
+    build_ext=cpu
+  fi
 fi
-if [ "${SNIP_REQUIRE_EXT:-0}" = 1 ] && [ $build_ext = 0 ]; then
-  echo "test.sh: SNIP_REQUIRE_EXT=1 but the extension cannot be built (nvcc or CUDA torch missing)" >&2
+if [ "${SNIP_REQUIRE_EXT:-0}" = 1 ] && [ $build_ext != cuda ]; then
+  echo "test.sh: SNIP_REQUIRE_EXT=1 but the CUDA kernels cannot be built (nvcc or CUDA torch missing)" >&2
   exit 1
 fi
 
-if [ $build_ext = 1 ]; then
+if [ $build_ext = cuda ]; then
   # CUTLASS headers; its Python dependencies are not needed for building.
   "$PY" -c "import cutlass_library" 2>/dev/null || [ -n "${CUTLASS_DIR:-}" ] \
     || pip_install --no-deps "nvidia-cutlass==4.2.0.0"
-  # cmake >= 3.26 (CUDA C++20), from PyPI unless one is already there.
+fi
+if [ $build_ext != none ]; then
+  # cmake >= 3.26 (C++20, CUDA C++20), from PyPI unless one is already there.
   "$PY" - <<'PY' || pip_install "cmake>=4"
 import re, shutil, subprocess, sys
 exes = []
@@ -59,11 +69,13 @@ start=$(date +%s)
 pip_install --no-build-isolation "${no_deps[@]}" -e ".[test]"
 echo "test.sh: install took $(( $(date +%s) - start ))s"
 
-if [ $build_ext = 1 ]; then
+if [ $build_ext != none ]; then
   "$PY" -c "
 from snip_ops import _ext
 assert _ext.HAS_KERNELS, 'snip_ops._C does not import: %s' % _ext.build_info()['extension_error']
 print('test.sh: snip_ops._C archs', _ext.compiled_archs(), 'kernels', sorted(_ext.kernels()))"
+fi
+if [ $build_ext = cuda ]; then
   bash scripts/check_sass.sh
 fi
 

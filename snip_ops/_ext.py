@@ -2,6 +2,10 @@
 
 Importing this module never fails: without the extension HAS_KERNELS is False and the import
 error is kept for build_info(). Ops live in torch.ops.snip_C once _C is imported.
+
+The extension is built with its CUDA kernels (for the archs in `compiled_archs()`) or without CUDA;
+either way the ops that have a CPU implementation (quantize, dequantize, adamw: host loops of the
+kernels' arithmetic) list the target "cpu" in `kernels()`.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ except ImportError as e:  # pure-Python install, or an extension built against a
         _IMPORT_ERROR = f"snip_ops._C is there but does not load (rebuild it): {type(e).__name__}: {e}"
     else:
         _IMPORT_ERROR = (
-            "snip_ops._C was not built: pure-Python install (no nvcc, a CPU-only torch, or "
-            "SNIP_NO_CUDA=1 at install time); build it with pip install --no-build-isolation -e ."
+            "snip_ops._C was not built: pure-Python install (no C++ compiler, or SNIP_NO_EXT=1 at "
+            "install time); build it with pip install --no-build-isolation -e ."
         )
 
 if HAS_KERNELS:
@@ -53,15 +57,19 @@ def compiled_archs() -> list[str]:
 
 
 def kernels() -> dict[str, list[str]]:
-    """Kernel name -> archs it was compiled for; {} without the extension."""
+    """Kernel name -> targets it was compiled for: CUDA archs, and "cpu" for an op with a CPU
+    implementation; {} without the extension."""
     return {k: list(v) for k, v in _native_info().get("kernels", {}).items()}
 
 
 def _device_arch(device) -> str | None:
-    """The arch-specific target that runs on `device` (sm_90a on H100/H200, sm_100a on B200)."""
+    """The target that runs on `device`: "cpu", or the CUDA arch (sm_90a on H100/H200, sm_100a on
+    B200); None for any other device."""
     if isinstance(device, torch.Tensor):
         device = device.device
     device = torch.device(device)
+    if device.type == "cpu":
+        return "cpu"
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
     major, minor = torch.cuda.get_device_capability(device)
@@ -71,7 +79,8 @@ def _device_arch(device) -> str | None:
 @torch.compiler.assume_constant_result  # fixed per process and device: torch.compile takes it as a constant
 def kernel_available(name: str, device) -> bool:
     """True when the extension has kernel `name` compiled for the arch of `device` (a torch.device, a
-    device string, or a tensor) and the kernel passed its self-check there (snip_ops.self_check)."""
+    device string, or a tensor; "cpu": the op's CPU implementation) and the kernel passed its
+    self-check there (snip_ops.self_check)."""
     if not HAS_KERNELS:
         return False
     if isinstance(device, torch.Tensor):

@@ -4,11 +4,13 @@ Emulated (the reference, and the path wherever no kernel exists): each operand i
 as the kernels quantize it (`reference.fake_quantize`, blocks along the GEMM's reduction dimension),
 dequantized to float32 and multiplied in float32 (on a GPU in float64, never TF32).
 
-Kernels (a CUDA tensor, the extension's quantizer compiled for its GPU, `emulate=False`): the
-operands go through `snip_ops.quantize` (the CUDA quantizer, transposes fused into it, bit-identical
-to the reference) and `gemm_kernels.qgemm`, which runs the fastest exact GEMM of the dequantized
-operands (CUTLASS FP8/FP4 on Hopper and Blackwell, else a BF16 or FP32 GEMM): the same numbers up to
-the GEMM's summation order. This path has not been run on a GPU yet.
+Kernels (the extension's quantizer exists for the tensor's device -- a GPU it was compiled for, or
+the CPU with its host implementation -- and `emulate=False`): the operands go through
+`snip_ops.quantize` (the native quantizer, transposes fused into it, bit-identical to the
+reference) and `gemm_kernels.qgemm`, which runs the fastest exact GEMM of the dequantized operands
+(CUTLASS FP8/FP4 on Hopper and Blackwell, else a BF16 or FP32 GEMM; the FP32 one on the CPU): the
+same numbers up to the GEMM's summation order. The GPU side of this path has not been run on a GPU
+yet.
 
 One GEMM at a time, each operand quantized for it (the planner's error estimates use these);
 `snip_ops.linear` organises the quantization across its three GEMMs itself (linear.py).
@@ -35,8 +37,10 @@ def operand_offset(offset: int, operand: str) -> int:
 
 
 def uses_kernels(t: torch.Tensor, recipe: GemmRecipe, emulate: bool = False) -> bool:
-    """Whether a GEMM of `recipe` on tensors like `t` takes the kernel path."""
-    return (not emulate and t.is_cuda and None not in (recipe.act, recipe.weight, recipe.grad)
+    """Whether a GEMM of `recipe` on tensors like `t` takes the kernel path: the native quantizer
+    exists for t's device (a GPU, or the CPU with its host implementation; on the CPU the GEMM
+    itself is the FP32 one of the emulated path, so only the quantization is faster)."""
+    return (not emulate and None not in (recipe.act, recipe.weight, recipe.grad)
             and _ext.kernel_available("quantize", t.device))
 
 

@@ -12,8 +12,12 @@ through them) under a thin `autograd.Function`:
 * `snip::linear_bwd(dy, ...)` quantizes dy once for dgrad (row-wise) and wgrad (column-wise), fused
   in the same way, and runs both GEMMs.
 
-Kernel mode (a CUDA tensor, the quantizer compiled for its GPU, `emulate=False`): `snip_ops.quantize`
-and `gemm_kernels.qgemm`; operands cross the op boundary as `qparts`. Emulated mode (elsewhere, or
+Kernel mode (the native quantizer exists for the tensor's device -- a GPU it is compiled for, or the
+CPU with its host implementation -- and `emulate=False`): `snip_ops.quantize` and, on a GPU,
+`gemm_kernels.qgemm` (on the CPU, whose exact GEMM is the FP32 one, the operands are dequantized by
+the native op and multiplied as in emulated mode); operands cross the op boundary as `qparts`. An
+operand bound for a Blackwell block-scaled GEMM is quantized with its scales already in that GEMM's layout
+(`gemm_kernels.scale_layout_for`), so no GEMM call relays scales out. Emulated mode (elsewhere, or
 `emulate=True`): `reference.fake_quantize` gives the dequantized values directly (no codes to build),
 multiplied with FP32 accumulation; those float32 values are what backward keeps. Both modes see the
 same quantized values. A GEMM whose recipe is bf16 runs on the unquantized operands in their dtype
@@ -31,9 +35,9 @@ import torch
 from . import _ext
 from .formats import GemmRecipe, LinearPrecision, QuantSpec
 from .gemm import emulated_operand, fp32_mm, operand_offset, transpose_shares_quantization
-from .gemm_kernels import qgemm
+from .gemm_kernels import qgemm, scale_layout_for
 from .qparts import from_parts, meta_parts, num_parts, to_parts
-from .quantize import quantize, quantize_rowcol
+from .quantize import dequantize, quantize, quantize_rowcol
 from .reference import QTensor
 
 __all__ = ["linear"]
@@ -57,12 +61,13 @@ Operand = QTensor | torch.Tensor
 
 
 def _kernel_mode(t: torch.Tensor, emulate: bool) -> bool:
-    return not emulate and t.is_cuda and _ext.kernel_available("quantize", t.device)
+    return not emulate and _ext.kernel_available("quantize", t.device)
 
 
 def _quantize(t, spec, seed, offset, operand, transpose, kernels) -> Operand:
     if kernels and spec is not None:
-        return quantize(t, spec, seed=seed, offset=operand_offset(offset, operand), transpose=transpose)
+        return quantize(t, spec, seed=seed, offset=operand_offset(offset, operand), transpose=transpose,
+                        scale_layout=scale_layout_for(spec, t.device))
     return emulated_operand(t, spec, seed, offset, operand, transpose)
 
 
@@ -72,17 +77,18 @@ def _quantize_both(t: torch.Tensor, row: QuantSpec | None, col: QuantSpec | None
     kernels both come from one pass over t where their specs agree."""
     if kernels and need_row and need_col and row is not None and row == col:
         return quantize_rowcol(t, row, seed=seed, offset=operand_offset(offset, row_operand),
-                               offset_t=operand_offset(offset, col_operand))
+                               offset_t=operand_offset(offset, col_operand),
+                               scale_layout=scale_layout_for(row, t.device))
     return (_quantize(t, row, seed, offset, row_operand, False, kernels) if need_row else None,
             _quantize(t, col, seed, offset, col_operand, True, kernels) if need_col else None)
 
 
 def _gemm(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
     """a . b^T with FP32 accumulation, rounded once to `out_dtype`."""
-    if isinstance(a, QTensor) and isinstance(b, QTensor):
+    if isinstance(a, QTensor) and isinstance(b, QTensor) and a.codes.is_cuda:
         return qgemm(a, b, out_dtype=out_dtype)
-    av = a.dequantize() if isinstance(a, QTensor) else a
-    bv = b.dequantize() if isinstance(b, QTensor) else b
+    av = dequantize(a) if isinstance(a, QTensor) else a
+    bv = dequantize(b) if isinstance(b, QTensor) else b
     return fp32_mm(av, bv.t()).to(out_dtype)
 
 
@@ -97,12 +103,14 @@ def _saved(q: Operand) -> list[torch.Tensor]:
 
 def _saved_meta(spec: QuantSpec | None, shape: tuple[int, int], kernels: bool, like: torch.Tensor) -> list[torch.Tensor]:
     if kernels and spec is not None:
-        return meta_parts(spec, shape, like)
+        return meta_parts(spec, shape, like, scale_layout_for(spec, like.device))
     return [like.new_empty(*shape, dtype=torch.float32)]
 
 
 def _restored(parts: list[torch.Tensor], spec: QuantSpec | None, shape: tuple[int, int], kernels: bool) -> Operand:
-    return from_parts(parts, spec, shape) if kernels and spec is not None else parts[0]
+    if kernels and spec is not None:
+        return from_parts(parts, spec, shape, scale_layout_for(spec, parts[0].device))
+    return parts[0]
 
 
 @torch.library.custom_op("snip::linear_fwd", mutates_args=())

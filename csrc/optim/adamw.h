@@ -2,7 +2,9 @@
 // .cu file never includes torch headers. Semantics: snip_ops.optim.adamw_step_reference, bit for bit.
 #pragma once
 #include <cstdint>
+#if SNIP_WITH_CUDA
 #include <cuda_runtime_api.h>
+#endif
 
 namespace snip::optim {
 
@@ -23,6 +25,7 @@ struct Scalars {
   float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, inv_bias_correction2_sqrt, step_size, eps;
 };
 
+#if SNIP_WITH_CUDA
 // CUDA blocks a tensor needs, so that the caller can lay out `block_start` (see launch_adamw).
 int64_t adamw_blocks(const TensorSlot& t);
 
@@ -33,6 +36,7 @@ int64_t adamw_blocks(const TensorSlot& t);
 cudaError_t launch_adamw(const TensorSlot* slots, const int64_t* block_start, int num_slots, int64_t num_blocks,
                          const Scalars& s, uint64_t seed, bool param_bf16, bool state_bf16, bool sr,
                          cudaStream_t stream);
+#endif  // SNIP_WITH_CUDA
 
 // The same update on host memory (adamw_cpu.cpp): the kernel's arithmetic, group by group.
 void adamw_cpu(const TensorSlot* slots, int num_slots, const Scalars& s, uint64_t seed, bool param_bf16,

@@ -3,9 +3,11 @@
 // (snip_ops/optim.py) groups tensors by device and dtype so that each group is one call.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#if SNIP_WITH_CUDA
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <cstring>
 #include <vector>
@@ -70,7 +72,9 @@ void adamw_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs
                                  index_bases[i],
                                  (uint64_t(step) << 32) | (uint64_t(param_indices[i]) << 2),
                                  vector_ok ? 1 : 0};
+#if SNIP_WITH_CUDA
     block_start[i + 1] = block_start[i] + optim::adamw_blocks(slots[i]);
+#endif
   }
   const optim::Scalars s{float(decay), float(beta1), float(one_minus_beta1), float(beta2), float(one_minus_beta2),
                          float(inv_bias_correction2_sqrt), float(step_size), float(eps)};
@@ -79,6 +83,7 @@ void adamw_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs
     optim::adamw_cpu(slots.data(), int(n), s, uint64_t(seed), param_bf16, state_bf16, bf16_sr);
     return;
   }
+#if SNIP_WITH_CUDA  // a build without CUDA registers no CUDA kernel: no CUDA tensor gets here
   const int64_t num_blocks = block_start[n];
   if (num_blocks == 0) return;
 
@@ -95,6 +100,7 @@ void adamw_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs
 
   C10_CUDA_CHECK(optim::launch_adamw(dev_slots, dev_starts, int(n), num_blocks, s, uint64_t(seed), param_bf16,
                                      state_bf16, bf16_sr, c10::cuda::getCurrentCUDAStream()));
+#endif
 }
 
 }  // namespace snip

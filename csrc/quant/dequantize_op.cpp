@@ -1,15 +1,19 @@
-// Torch-facing side of snip_C::dequantize: checks, allocation, stream, Meta function.
+// Torch-facing side of snip_C::dequantize: checks, allocation, stream, the CUDA kernel or on the CPU
+// its host implementation (quantize_host.cpp), Meta function.
 // codes [rows, >= ceil(cols * bits / 8)] (FP8 dtypes or uint8; padded outputs of snip_C::quantize
 // are fine), plain scales [>= ceil(rows / br), >= ceil(cols / bc)] with unit inner stride, the
 // NVFP4 tensor scale; out: [rows, cols] float32 or bfloat16.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#if SNIP_WITH_CUDA
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#endif
 
 #include "ops.h"
 #include "quant/quantize.h"
+#include "quant/quantize_host.h"
 #include "quant/spec.h"
 
 namespace snip {
@@ -49,16 +53,24 @@ quant::Spec check_args(const at::Tensor& codes, const at::Tensor& scales, const 
 at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, const std::optional<at::Tensor>& tensor_scale,
                       c10::string_view spec, int64_t cols, at::ScalarType dtype) {
   const quant::Spec s = check_args(codes, scales, tensor_scale, spec, cols, dtype);
-  TORCH_CHECK(codes.is_cuda() && scales.device() == codes.device() &&
+  TORCH_CHECK((codes.is_cuda() || codes.is_cpu()) && scales.device() == codes.device() &&
                   (!tensor_scale.has_value() || tensor_scale->device() == codes.device()),
-              kOp, "codes, scales and tensor_scale must be on one CUDA device (on the CPU use snip_ops.dequantize)");
-  const c10::cuda::CUDAGuard guard(codes.device());
+              kOp, "codes, scales and tensor_scale must be on one device, a CUDA device or the CPU");
   at::Tensor out = at::empty({codes.size(0), cols}, codes.options().dtype(dtype));
+  if (codes.is_cpu()) {
+    const float ts = tensor_scale.has_value() ? tensor_scale->item<float>() : 1.0f;
+    quant::dequantize_host(codes.data_ptr(), codes.stride(0), scales.data_ptr(), scales.stride(0), ts, s,
+                           codes.size(0), cols, out.data_ptr(), dtype == at::kBFloat16);
+    return out;
+  }
+#if SNIP_WITH_CUDA  // a build without CUDA registers no CUDA kernel: no CUDA tensor gets here
+  const c10::cuda::CUDAGuard guard(codes.device());
   const at::Tensor ts = tensor_scale.has_value() ? tensor_scale->contiguous() : at::Tensor();
   C10_CUDA_CHECK(quant::launch_dequantize(codes.data_ptr(), codes.stride(0), scales.data_ptr(), scales.stride(0),
                                           ts.defined() ? ts.data_ptr<float>() : nullptr, s, codes.size(0), cols,
                                           out.data_ptr(), dtype == at::kBFloat16,
                                           c10::cuda::getCurrentCUDAStream(codes.device().index()).stream()));
+#endif
   return out;
 }
 

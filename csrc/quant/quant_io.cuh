@@ -94,12 +94,6 @@ __device__ __forceinline__ void run_codes(uint32_t (&out)[N * kCodeBits<E> / 32]
   }
 }
 
-// Byte offset of scale (row r, block k) in the Blackwell layout for n blocks per row
-// (snip_ops/scale_layout.py: 128x4 atoms of 512 bytes, K-atoms contiguous).
-__device__ __forceinline__ int64_t blackwell_offset(int64_t r, int64_t k, int64_t n) {
-  return ((r >> 7) * ((n + 3) >> 2) + (k >> 2)) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + (k & 3);
-}
-
 // Stores the bits of block scale (r, k) of an output: 4 bytes for FP32/POW2, else one byte.
 __device__ __forceinline__ void store_scale(const Output& o, ScaleKind kind, int64_t r, int64_t k, uint32_t bits) {
   if (o.blackwell) {

@@ -1,5 +1,6 @@
-// The numerics of snip's quantizers, shared by the quantize and dequantize kernels: Philox4x32-10,
-// element rounding to codes (RNE and stochastic), block scales, decoding. Every function is
+// The numerics of snip's quantizers, shared by the quantize and dequantize kernels and their host
+// implementations (quantize_host.cpp): Philox4x32-10, element rounding to codes (RNE and
+// stochastic), block scales, decoding, the Blackwell scale layout. Every function is
 // __host__ __device__ and reproduces snip_ops/{philox,cast,reference}.py bit for bit; each comment
 // names the Python line it mirrors. Compiled without fast-math: every float operation here is either
 // exact or a single correctly rounded IEEE operation, exactly as in the float32 PyTorch reference.
@@ -8,8 +9,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if SNIP_WITH_CUDA
 #include <cuda_fp4.h>
 #include <cuda_fp8.h>
+#endif
 
 #include "quant/quantize.h"
 
@@ -264,11 +267,21 @@ SNIP_QM float nvfp4_tensor_scale(float tensor_amax) {
   return (t == 0.0f && tensor_amax > 0.0f) ? u2f(1u) : t;
 }
 
+// ---- scale layout --------------------------------------------------------------------------------
+
+// Byte offset of scale (row r, block k) in the Blackwell layout for n blocks per row
+// (snip_ops/scale_layout.py: 128x4 atoms of 512 bytes, K-atoms contiguous).
+SNIP_QM int64_t blackwell_offset(int64_t r, int64_t k, int64_t n) {
+  return ((r >> 7) * ((n + 3) >> 2) + (k >> 2)) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + (k & 3);
+}
+
 // ---- codes of a block's elements ---------------------------------------------------------------
 
+#if SNIP_WITH_CUDA
 // Codes of two elements already divided by the scale (finite block), round to nearest even.
 // FP8 uses the hardware satfinite conversion (sm_89+), which is this rounding exactly; E2M1 uses it
-// only where it exists (sm_100a), the arithmetic above elsewhere.
+// only where it exists (sm_100a), the arithmetic above elsewhere. The host implementations
+// (quantize_host.cpp) round with round_to_code itself: a build without CUDA has no CUDA header.
 template <Elem E>
 SNIP_QM uint32_t rne_codes2(float a, float b) {
   if constexpr (E == Elem::kE4M3 || E == Elem::kE5M2) {
@@ -282,5 +295,6 @@ SNIP_QM uint32_t rne_codes2(float a, float b) {
 #endif
   }
 }
+#endif  // SNIP_WITH_CUDA
 
 }  // namespace snip::quant

@@ -3,7 +3,9 @@
 // the optional GEMM-ready outputs: snip_ops.scale_layout.
 #pragma once
 #include <cstdint>
+#if SNIP_WITH_CUDA
 #include <cuda_runtime_api.h>
+#endif
 
 namespace snip::quant {
 
@@ -43,6 +45,7 @@ struct Args {
   float* tensor_scale;       // NVFP4: device float32 written with the tensor scale
 };
 
+#if SNIP_WITH_CUDA
 // Row-wise only with 1-D blocks: one pass, a thread per 16 consecutive elements (quantize_rows.cu).
 cudaError_t launch_quantize_rows(const Args& a, cudaStream_t stream);
 // Column-wise, row+column fused, and 2-D blocks: 128x128 tiles through shared memory (quantize_tile.cu).
@@ -59,5 +62,6 @@ cudaError_t launch_quantize_tensor_amax(const void* x, InputDType dtype, int64_t
 cudaError_t launch_dequantize(const void* codes, int64_t ld, const void* scales, int64_t lds, const float* tensor_scale,
                               const Spec& spec, int64_t rows, int64_t cols, void* out, bool out_bf16,
                               cudaStream_t stream);
+#endif  // SNIP_WITH_CUDA
 
 }  // namespace snip::quant

@@ -1,6 +1,6 @@
 // Torch-facing side of snip_C::quantize: argument checks, output shapes and allocation, the NVFP4
-// tensor-amax pass, kernel choice, and the Meta (fake) implementation that lets torch.compile
-// trace the op.
+// tensor-amax pass, kernel choice (CUDA kernels, or on the CPU their host implementation,
+// quantize_host.cpp), and the Meta (fake) implementation that lets torch.compile trace the op.
 //
 // Outputs (unrequested ones are empty [0] tensors of their dtype):
 //   codes   [M, Kp]            x quantized with blocks along its rows (FP4: [M, ceil(Kp / 2)] packed)
@@ -26,12 +26,15 @@
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
+#if SNIP_WITH_CUDA
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#endif
 
 #include "ops.h"
 #include "quant/quantize.h"
+#include "quant/quantize_host.h"
 #include "quant/spec.h"
 
 namespace snip {
@@ -132,11 +135,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
     const at::Tensor& x, c10::string_view spec, bool rowwise, bool colwise, int64_t seed, int64_t offset,
     int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad) {
   const auto [s, dt] = check_args(x, spec, rowwise, colwise, tensor_amax, blackwell_sf, pad);
-  TORCH_CHECK(x.is_cuda(), kOp, "x must be a CUDA tensor, got device ", x.device(),
-              " (on the CPU use snip_ops.quantize, which runs the reference)");
+  const bool cpu = x.is_cpu();
+  TORCH_CHECK(cpu || x.is_cuda(), kOp, "x must be a CUDA or CPU tensor, got device ", x.device());
   const int64_t M = x.size(0), K = x.size(1);
-  const c10::cuda::CUDAGuard guard(x.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+#if SNIP_WITH_CUDA
+  std::optional<c10::cuda::CUDAGuard> guard;
+  cudaStream_t stream = nullptr;
+  if (!cpu) {
+    guard.emplace(x.device());
+    stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  }
+#endif
   // Blackwell atoms cover 128 rows x 4 blocks: zero-fill only when real blocks leave some uncovered.
   auto padded_sf = [&](int64_t outer, int64_t inner) {
     const int64_t nblk = ((inner + pad - 1) / pad * pad + s.block_cols - 1) / s.block_cols;
@@ -150,10 +159,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
   if (nvfp4) {
     if (tensor_amax.has_value()) {
       amax = tensor_amax->to(x.device(), at::kFloat).reshape({}).contiguous();
+    } else if (cpu) {
+      amax = at::full({}, quant::quantize_tensor_amax_host(x.data_ptr(), dt, M, K, x.stride(0)),
+                      x.options().dtype(at::kFloat));
     } else {
       amax = at::zeros({}, x.options().dtype(at::kFloat));
+#if SNIP_WITH_CUDA
       C10_CUDA_CHECK(quant::launch_quantize_tensor_amax(x.data_ptr(), dt, M, K, x.stride(0), amax.data_ptr<float>(),
                                                         stream));
+#endif
     }
   }
   if (M == 0 || K == 0) {
@@ -181,8 +195,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
   if (colwise) a.col = output_of(codes_t, scales_t, s, M, pad, blackwell_sf, uint64_t(offset_t));
   a.tensor_amax = nvfp4 ? amax.data_ptr<float>() : nullptr;
   a.tensor_scale = nvfp4 ? tensor_scale.data_ptr<float>() : nullptr;
+  if (cpu) {
+    quant::quantize_host(a);
+    return {codes, scales, codes_t, scales_t, tensor_scale};
+  }
+#if SNIP_WITH_CUDA  // a build without CUDA registers no CUDA kernel: no CUDA tensor gets here
   const bool rows_kernel = !colwise && s.block_rows == 1;
   C10_CUDA_CHECK(rows_kernel ? quant::launch_quantize_rows(a, stream) : quant::launch_quantize_tile(a, stream));
+#endif
   return {codes, scales, codes_t, scales_t, tensor_scale};
 }
 

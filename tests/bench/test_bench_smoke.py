@@ -37,3 +37,9 @@ def test_stability_sweep(tmp_path):
            "--threads", "1", "--no-progress", "--out", str(tmp_path / "cells"), "--results", str(tmp_path / "results"))
     written = sorted(p.name for p in (tmp_path / "results").iterdir())
     assert any(n.endswith("-heatmap.png") for n in written) and any(n.endswith("-cells.json") for n in written)
+
+
+def test_cpu_step(tmp_path):
+    _bench("bench_cpu_step.py", "--smoke", "--results", str(tmp_path))
+    result = json.loads((tmp_path / "cpu-step-op.json").read_text())
+    assert result["ratio"] > 0 and set(result["median_step_s"]) == {"bf16", "fp4"}

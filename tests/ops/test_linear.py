@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from bounds import assert_within_gemm_bound
-from snip_ops import LinearPrecision, gemm, linear
+from snip_ops import LinearPrecision, _ext, gemm, linear
 from snip_ops.formats import recipe
+from snip_ops.qparts import num_parts
 from snip_ops.reference import fake_quantize
 
 # SQNR floors in dB against the float32 result, for (forward, input grad, weight grad) on N(0,1) data:
@@ -146,9 +147,9 @@ def test_bad_inputs():
             linear(x, w.to("meta"), None, "fp8")
 
 
-def test_kernel_path_only_for_cuda_tensors_with_compiled_kernels():
+def test_kernel_path_only_where_the_quantizer_op_exists():
     x = torch.randn(4, 8)
-    assert not gemm.uses_kernels(x, recipe("fp8"))
+    assert gemm.uses_kernels(x, recipe("fp8")) == _ext.kernel_available("quantize", "cpu")
     assert not gemm.uses_kernels(x, recipe("fp8"), emulate=True)
 
 
@@ -182,16 +183,20 @@ def test_custom_ops_pass_opcheck(name):
     x, w, dy = torch.randn(37, 300), torch.randn(190, 300), torch.randn(37, 190)
     off = torch.tensor(5, dtype=torch.int64)
     keys = (p.fprop.key(), p.dgrad.key(), p.wgrad.key())
-    for need_dx, need_dw in ((True, True), (False, True), (True, False)):
-        fwd_args = (x, w, *keys, 3, off, False, need_dx, need_dw)
-        torch.library.opcheck(torch.ops.snip.linear_fwd.default, fwd_args, test_utils=("test_faketensor",))
-        _, *saved = torch.ops.snip.linear_fwd(*fwd_args)
-        n_xt = 1 if need_dw and not p.wgrad.is_bf16 else 0  # emulated: one float32 tensor per operand
-        x_keep = x if need_dw and p.wgrad.is_bf16 else None
-        w_keep = w if need_dx and p.dgrad.is_bf16 else None
-        bwd_args = (dy, x_keep, saved[:n_xt], w_keep, saved[n_xt:], 300, keys[1], keys[2], 3, off, False, need_dx,
-                    need_dw)
-        torch.library.opcheck(torch.ops.snip.linear_bwd.default, bwd_args, test_utils=("test_faketensor",))
+    # emulated: one float32 tensor per saved operand; on the quantizer op (the CPU's where the
+    # extension has it): the QTensor's parts
+    for emulate in (True, False):
+        kernels = not emulate and _ext.kernel_available("quantize", "cpu")
+        for need_dx, need_dw in ((True, True), (False, True), (True, False)):
+            fwd_args = (x, w, *keys, 3, off, emulate, need_dx, need_dw)
+            torch.library.opcheck(torch.ops.snip.linear_fwd.default, fwd_args, test_utils=("test_faketensor",))
+            _, *saved = torch.ops.snip.linear_fwd(*fwd_args)
+            n_xt = (num_parts(p.wgrad.act) if kernels else 1) if need_dw and not p.wgrad.is_bf16 else 0
+            x_keep = x if need_dw and p.wgrad.is_bf16 else None
+            w_keep = w if need_dx and p.dgrad.is_bf16 else None
+            bwd_args = (dy, x_keep, saved[:n_xt], w_keep, saved[n_xt:], 300, keys[1], keys[2], 3, off, emulate,
+                        need_dx, need_dw)
+            torch.library.opcheck(torch.ops.snip.linear_bwd.default, bwd_args, test_utils=("test_faketensor",))
 
 
 def test_weight_is_quantized_once_per_step(monkeypatch):
@@ -209,6 +214,6 @@ def test_weight_is_quantized_once_per_step(monkeypatch):
     monkeypatch.setattr(reference, "fake_quantize", counting)
     x = torch.randn(64, 256, requires_grad=True)
     w = torch.randn(128, 256, requires_grad=True)
-    linear(x, w, None, "fp8").sum().backward()
+    linear(x, w, None, "fp8", emulate=True).sum().backward()
     assert sorted(calls) == sorted([((64, 256), False), ((64, 256), True), ((128, 256), False),
                                     ((64, 128), False), ((64, 128), True)])

@@ -208,8 +208,9 @@ def test_quantization_errors_are_those_of_the_emulated_gemms(name, monkeypatch):
     x, dy, w = torch.randn(77, 300, generator=gen), torch.randn(77, 130, generator=gen), torch.randn(130, 300, generator=gen)
     rec = dataclasses.make_dataclass("Rec", ["x", "dy", "weight"])(x, dy, w)
     r = recipe(name)
-    approx = {"fprop": gemm.fprop(x, w, r, seed=4, out_dtype=torch.float64),
-              "dgrad": gemm.dgrad(dy, w, r, seed=4, out_dtype=torch.float64), "wgrad": gemm.wgrad(dy, x, r, seed=4)}
+    approx = {"fprop": gemm.fprop(x, w, r, seed=4, emulate=True, out_dtype=torch.float64),
+              "dgrad": gemm.dgrad(dy, w, r, seed=4, emulate=True, out_dtype=torch.float64),
+              "wgrad": gemm.wgrad(dy, x, r, seed=4, emulate=True)}
     operands = dict(zip(approx, products))
     exact = {"fprop": gemm.fp32_mm(x, w.t()), "dgrad": gemm.fp32_mm(dy, w), "wgrad": gemm.fp32_mm(dy.t(), x)}
     got = gemm_errors(rec, (name, "bf16"), seed=4)
