@@ -60,12 +60,17 @@ def _large_gemm(kernel: str, device: torch.device) -> dict:
 
     self_check.gemm_case(device, kernel, _LARGE, _LARGE, _LARGE)
     path, name = self_check.GEMM_KERNELS[kernel]
-    r = recipe(name)
+    # The GEMM that runs this kernel: the E5M2 kernels multiply fp8_e5m2grad's gradients (dgrad);
+    # operands quantized as training quantizes them (scale layout included).
+    gemm = "dgrad" if "e5m2" in kernel else "fprop"
+    a_spec, b_spec = gemm_kernels.gemm_operand_specs(recipe(name), gemm)
     x, w = (torch.randn(_LARGE, _LARGE, device=device, dtype=torch.bfloat16) for _ in range(2))
-    a, b = quantize(x, r.act), quantize(w, r.weight)
-    out = {"large_shape": "within bound", "time_s": _time(lambda: gemm_kernels.qgemm(a, b, path=path)),
+    a = quantize(x, a_spec, scale_layout=gemm_kernels.scale_layout_for(a_spec, device))
+    b = quantize(w, b_spec, transpose=gemm == "dgrad", scale_layout=gemm_kernels.scale_layout_for(b_spec, device))
+    out = {"gemm": f"{name} {gemm}", "large_shape": "within bound",
+           "time_s": _time(lambda: gemm_kernels.qgemm(a, b, path=path)),
            "baseline": "torch.matmul bf16", "baseline_s": _time(lambda: x @ w.t())}
-    if path == "sm90_fp8":
+    if path in ("sm90_fp8", "sm100_fp8") and gemm == "fprop":  # torch's row-wise scaled GEMM takes E4M3
         ca, cb = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
         sa, sb = torch.ones(_LARGE, 1, device=device), torch.ones(1, _LARGE, device=device)
         out["scaled_mm_rowwise_s"] = _time(lambda: torch._scaled_mm(ca, cb.t(), sa, sb, out_dtype=torch.bfloat16))

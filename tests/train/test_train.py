@@ -157,6 +157,29 @@ def test_doctor_reports_a_failing_kernel(monkeypatch):
     assert row["self_check"] == "FAIL" and "differs from the reference" in row["error"]
 
 
+@pytest.mark.parametrize("kernel", ["fp8_gemm_nt_blockwise", "fp8_gemm_nt_blockwise_e5m2", "nvfp4_gemm_nt"])
+def test_doctor_times_the_gemm_that_runs_the_kernel(monkeypatch, kernel):
+    """The large-shape timing of a GEMM kernel quantizes the operands of the GEMM that kernel runs
+    (E5M2 gradients for the E5M2 kernels), on the CPU with the path and timer stubbed."""
+    from snip_ops import gemm_kernels, self_check
+    from snip_ops.formats import E5M2
+    from snip_train import doctor
+
+    seen = {}
+
+    def qgemm(a, b, path):
+        seen.update(a=a.spec, b=b.spec, path=path)
+
+    monkeypatch.setattr(doctor, "_LARGE", 256)
+    monkeypatch.setattr(doctor, "_time", lambda fn: (fn(), 1.0)[1])
+    monkeypatch.setattr(self_check, "gemm_case", lambda *args: None)
+    monkeypatch.setattr(gemm_kernels, "qgemm", qgemm)
+    row = doctor._large_gemm(kernel, torch.device("cpu"))
+    path, name = self_check.GEMM_KERNELS[kernel]
+    assert seen["path"] == path and row["gemm"].startswith(name)
+    assert (seen["a"].element == E5M2) == ("e5m2" in kernel)
+
+
 def test_cli_parser():
     p = cli.build_parser()
     a = p.parse_args(["train", "--precision", "fp4_mlp", "--device", "cpu", "--max-bytes", "all"])
