@@ -11,21 +11,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kRun = 8;
 
-// The float32 element scale of a stored scale: reference `scales.float() (* tensor_scale)`.
-__device__ __forceinline__ float scale_value(const void* scales, int64_t i, ScaleKind kind, float ts) {
-  switch (kind) {
-    case ScaleKind::kFP32:
-    case ScaleKind::kPow2: return static_cast<const float*>(scales)[i];
-    case ScaleKind::kE8M0: {
-      const uint32_t e = static_cast<const uint8_t*>(scales)[i];
-      return e == 0xFF ? u2f(kNaNBits) : e == 0 ? u2f(0x00400000u) : u2f(e << 23);
-    }
-    case ScaleKind::kNVFP4:
-      return mul_rn(decode(static_cast<const uint8_t*>(scales)[i], format_of(Elem::kE4M3)), ts);
-  }
-  return 0.0f;
-}
-
 template <Elem E, bool kBF16>
 __global__ void __launch_bounds__(kThreads)
 dequantize_kernel(const uint8_t* __restrict__ codes, int64_t ld, const void* __restrict__ scales, int64_t lds,

@@ -94,17 +94,6 @@ __device__ __forceinline__ void run_codes(uint32_t (&out)[N * kCodeBits<E> / 32]
   }
 }
 
-// Stores the bits of block scale (r, k) of an output: 4 bytes for FP32/POW2, else one byte.
-__device__ __forceinline__ void store_scale(const Output& o, ScaleKind kind, int64_t r, int64_t k, uint32_t bits) {
-  if (o.blackwell) {
-    static_cast<uint8_t*>(o.scales)[blackwell_offset(r, k, o.nblk)] = uint8_t(bits);
-  } else if (kind == ScaleKind::kFP32 || kind == ScaleKind::kPow2) {
-    static_cast<uint32_t*>(o.scales)[r * o.nblk + k] = bits;
-  } else {
-    static_cast<uint8_t*>(o.scales)[r * o.nblk + k] = uint8_t(bits);
-  }
-}
-
 // The NVFP4 tensor scale from the device tensor amax (1 for other scale kinds, where it is unused).
 __device__ __forceinline__ float tensor_scale_of(const Args& a) {
   return a.spec.scale == ScaleKind::kNVFP4 ? nvfp4_tensor_scale(*a.tensor_amax) : 1.0f;

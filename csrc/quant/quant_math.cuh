@@ -275,6 +275,31 @@ SNIP_QM int64_t blackwell_offset(int64_t r, int64_t k, int64_t n) {
   return ((r >> 7) * ((n + 3) >> 2) + (k >> 2)) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + (k & 3);
 }
 
+// Stores the bits of block scale (r, k) of an output: 4 bytes for FP32/POW2, else one byte.
+SNIP_QM void store_scale(const Output& o, ScaleKind kind, int64_t r, int64_t k, uint32_t bits) {
+  if (o.blackwell) {
+    static_cast<uint8_t*>(o.scales)[blackwell_offset(r, k, o.nblk)] = uint8_t(bits);
+  } else if (kind == ScaleKind::kFP32 || kind == ScaleKind::kPow2) {
+    static_cast<uint32_t*>(o.scales)[r * o.nblk + k] = bits;
+  } else {
+    static_cast<uint8_t*>(o.scales)[r * o.nblk + k] = uint8_t(bits);
+  }
+}
+
+// The float32 element scale of stored scale i (plain layout): reference `scales.float() (* tensor_scale)`.
+SNIP_QM float scale_value(const void* scales, int64_t i, ScaleKind kind, float ts) {
+  switch (kind) {
+    case ScaleKind::kFP32:
+    case ScaleKind::kPow2: return static_cast<const float*>(scales)[i];
+    case ScaleKind::kE8M0: {
+      const uint32_t e = static_cast<const uint8_t*>(scales)[i];
+      return e == 0xFF ? u2f(kNaNBits) : e == 0 ? u2f(0x00400000u) : u2f(e << 23);
+    }
+    case ScaleKind::kNVFP4: return mul_rn(decode(static_cast<const uint8_t*>(scales)[i], format_of(Elem::kE4M3)), ts);
+  }
+  return 0.0f;
+}
+
 // ---- codes of a block's elements ---------------------------------------------------------------
 
 #if SNIP_WITH_CUDA

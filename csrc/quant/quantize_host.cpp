@@ -108,17 +108,6 @@ void store_codes(const uint8_t* c, int64_t n, uint8_t* dst) {
   }
 }
 
-// Stores the bits of block scale (r, k) of an output: 4 bytes for FP32/POW2, else one byte.
-void store_scale(const Output& o, ScaleKind kind, int64_t r, int64_t k, uint32_t bits) {
-  if (o.blackwell) {
-    static_cast<uint8_t*>(o.scales)[blackwell_offset(r, k, o.nblk)] = uint8_t(bits);
-  } else if (kind == ScaleKind::kFP32 || kind == ScaleKind::kPow2) {
-    static_cast<uint32_t*>(o.scales)[r * o.nblk + k] = bits;
-  } else {
-    static_cast<uint8_t*>(o.scales)[r * o.nblk + k] = uint8_t(bits);
-  }
-}
-
 // at::parallel_for's grain size (items per task at least) for items of the given number of elements.
 int64_t grain(int64_t elements_per_item) {
   return std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, elements_per_item));
@@ -259,20 +248,6 @@ float tensor_amax(const void* x, int64_t rows, int64_t cols, int64_t ld) {
       },
       [](uint32_t p, uint32_t q) { return std::max(p, q); });
   return u2f(m);
-}
-
-// The float32 element scale of a stored scale: reference `scales.float() (* tensor_scale)`.
-float scale_value(const void* scales, int64_t i, ScaleKind kind, float ts) {
-  switch (kind) {
-    case ScaleKind::kFP32:
-    case ScaleKind::kPow2: return static_cast<const float*>(scales)[i];
-    case ScaleKind::kE8M0: {
-      const uint32_t e = static_cast<const uint8_t*>(scales)[i];
-      return e == 0xFF ? u2f(kNaNBits) : e == 0 ? u2f(0x00400000u) : u2f(e << 23);
-    }
-    case ScaleKind::kNVFP4: return mul_rn(decode(static_cast<const uint8_t*>(scales)[i], format_of(Elem::kE4M3)), ts);
-  }
-  return 0.0f;
 }
 
 // Elements c0 .. c0+n-1 of a row of codes (FP4: c0 even) decoded and times their block's scale s.

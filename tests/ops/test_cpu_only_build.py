@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
+from native_build import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / f"cpu-only-test-py{sys.version_info[0]}{sys.version_info[1]}"
@@ -54,9 +54,7 @@ def _tool(name: str) -> str | None:
 def test_cpu_only_extension_builds_and_matches_the_reference(tmp_path):
     cmake = _tool("cmake")
     if cmake is None or not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
-        if os.environ.get("SNIP_REQUIRE_EXT") == "1":
-            pytest.fail("SNIP_REQUIRE_EXT=1 but cmake or a C++ compiler is missing")
-        pytest.skip("needs cmake and a C++ compiler")
+        skip_or_fail("the CPU-only build needs cmake and a C++ compiler")
     out = BUILD / "out"
     args = [f"-DPython_EXECUTABLE={sys.executable}", "-DSNIP_WITH_CUDA=OFF", f"-DSNIP_OUTPUT_DIR={out}",
             "-DCMAKE_BUILD_TYPE=Release"]

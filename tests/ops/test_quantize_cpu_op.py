@@ -7,6 +7,7 @@ entry points (snip_ops.quantize, quantize_rowcol, dequantize, fake_quantize, lin
 import pytest
 import torch
 
+from native_build import skip_or_fail
 from quant_cases import (BLACKWELL_SPECS, DEQUANTIZE_SPECS, DTYPES, NON_FINITE, NVFP4_SPECS, PADDING_SPECS,
                          RECIPE_SPECS, SPECS_1D, SPECS_2D, SR_SPECS, TENSOR_AMAXES, QuantizeCases, assert_outputs,
                          assert_same, assert_same_values, bits, dispatched, edge_tensor, ids, rand, snip_dequantize,
@@ -29,7 +30,7 @@ BIG_SHAPES = [(64, 4096), (257, 384), (300, 1040)]
 def _needs_cpu_op():
     for op in ("quantize", "dequantize"):
         if not _ext.kernel_available(op, "cpu"):
-            pytest.skip(f"snip_C::{op} has no CPU implementation in this install: {_ext.build_info()}")
+            skip_or_fail(f"snip_C::{op} has no CPU implementation in this install: {_ext.build_info()}")
 
 
 # ---- the GPU test's cases ----
