@@ -1,14 +1,17 @@
 """Stability benchmark: the bit-reduction sweep on the small model, committed under bench/results/.
 
     python bench/bench_stability.py                 # preset "cpu": E8M7..E8M2, E5M2, E4M3 vs FP32
+    python bench/bench_stability.py --preset cpu-paper --workers 1 --threads 1   # the paper's method
     python bench/bench_stability.py --preset gpu --device cuda --workers 4
     python bench/bench_stability.py --notes notes.md   # append the reader's interpretation to the .md
 
 Cells are kept in runs/bench-stability-<preset>/ (resumable: an interrupted benchmark continues where
-it stopped). Results: bench/results/<device>-stability-<date>.json (summary with every cell's verdict,
-final loss, spikes and early sharpness, plus context: date, command, machine, grid), .md (tables),
--cells.json (the raw cell records: per-step training loss, sharpness over time; the shared setup is in
-the summary), -heatmap.png and -sharpness.png.
+it stopped). Results: bench/results/<device>-stability[-<variant>]-<date>.json (summary with every
+cell's verdict, final loss, spikes and early sharpness, plus context: date, command, machine, grid), .md
+(tables), -cells.json (the raw cell records: per-step training loss, sharpness over time; the shared
+setup is in the summary), -heatmap.png, -sharpness.png and, where the paper's sharpness was measured,
+-epsilon-sharpness.png. The variant is the preset's name after its device ("cpu-paper" -> "paper");
+the presets "cpu" and "gpu" have none.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def main() -> int:
     status = run_sweep_command(args)
 
     device = "gpu" if (args.device or "").startswith("cuda") or args.preset.startswith("gpu") else "cpu"
-    stem = args.results / f"{device}-stability-{datetime.date.today().isoformat()}"
+    variant = args.preset.split("-", 1)[1] if "-" in args.preset else ""
+    stem = args.results / "-".join(filter(None, (device, "stability", variant, datetime.date.today().isoformat())))
     stem.parent.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
     shutil.copyfile(out / "summary.json", stem.with_suffix(".json"))
@@ -57,9 +61,12 @@ def main() -> int:
         report += "\n" + Path(args.notes).read_text()
     stem.with_suffix(".md").write_text(report)
     shutil.copyfile(out / "heatmap.png", f"{stem}-heatmap.png")
-    if (out / "sharpness.png").exists():
-        shutil.copyfile(out / "sharpness.png", f"{stem}-sharpness.png")
-    print(f"results: {stem}.json / .md / -cells.json / -heatmap.png / -sharpness.png")
+    pictures = ["heatmap"]
+    for picture in ("sharpness", "epsilon-sharpness"):
+        if (out / f"{picture}.png").exists():
+            shutil.copyfile(out / f"{picture}.png", f"{stem}-{picture}.png")
+            pictures.append(picture)
+    print(f"results: {stem}.json / .md / -cells.json / " + " / ".join(f"-{p}.png" for p in pictures))
     return status
 
 

@@ -22,6 +22,24 @@ Semantics (all from `snip_ops.cast.round_to_format`, the reference element cast)
 A `Scheme` is the frozen, hashable description used by the sweep; its text form is
 `<element>[:<rounding>][:<scaling>][:ops=<a+w+g>][:gemms=<fprop+dgrad+wgrad>]`, e.g. "e8m3",
 "e4m3:sr", "e5m2:tensor", "e4m3:1x128", "e2m1:sr:tensor:ops=grad:gemms=dgrad+wgrad".
+
+The stability paper's method (`paper_scheme`, text option "paper", e.g. "e7m2:paper", whose label is
+"e7m2:trunc"): mantissa bits removed by masking, the exponent range clipped, no scaling -- TRUNC rounding
+with `scaling=None` on an IEEE-style eXmY element. For a finite FP32 value x and E<e>M<m>
+(emin = 2 - 2^(e-1), emax = 2^(e-1) - 1):
+
+* 2^emin <= |x| <= max_finite: the FP32 bit pattern with its 23 - m low mantissa bits cleared;
+* |x| > max_finite = (2 - 2^-m) 2^emax: +-max_finite (clipped; truncation never rounds up, so for E8
+  formats, whose range is FP32's, nothing finite is clipped);
+* |x| < 2^emin: truncated toward zero onto the subnormal grid, multiples of 2^(emin - m) (zero below
+  the smallest of them), sign kept (-0 for small negatives). For E8 formats this is again FP32 bit
+  masking (an FP32 subnormal's low mantissa bits cleared); E7 and E6 follow the same rule below their
+  own 2^emin (2^-62, 2^-30). This is gradual underflow, not flush-to-zero below 2^emin: one rule for the
+  whole ladder, the one masking itself gives for E8. A flush-to-zero variant would differ only on
+  values below 2^emin;
+* NaN stays NaN, +-Inf stays +-Inf.
+
+tests/planner/test_stability_paper_exmy.py checks this bit for bit against a NumPy bit-masking oracle.
 """
 
 from __future__ import annotations
@@ -33,12 +51,17 @@ from snip_ops.formats import (
     GEMMS, ElementFormat, GemmRecipe, LinearPrecision, QuantSpec, Rounding, ScaleKind, element_format, exmy,
 )
 
-__all__ = ["OPERANDS", "Scaling", "Scheme", "exmy_precision", "parse_scheme", "BIT_REDUCTION_LADDER"]
+__all__ = ["OPERANDS", "Scaling", "Scheme", "exmy_precision", "paper_scheme", "parse_scheme", "BIT_REDUCTION_LADDER",
+           "PAPER_ROUNDING", "PAPER_SCALING"]
 
 OPERANDS = ("act", "weight", "grad")
 
 # None: no scaling; "tensor": one FP32 scale per operand; (rows, cols): FP32 scale per block.
 Scaling = None | str | tuple[int, int]
+
+# The stability paper's simulation: mask mantissa bits (truncation toward zero), no scaling (module docstring).
+PAPER_ROUNDING = Rounding.TRUNC
+PAPER_SCALING: Scaling = None
 
 # "Remove one bit at a time": E8M7 (the BF16 layout) down to E8M1, then narrower exponents.
 BIT_REDUCTION_LADDER = ("e8m7", "e8m6", "e8m5", "e8m4", "e8m3", "e8m2", "e8m1", "e5m2", "e4m3", "e3m2", "e2m1")
@@ -135,6 +158,15 @@ def exmy_precision(
     return Scheme(exmy(exp_bits, man_bits), Rounding(rounding), scaling, tuple(operands), tuple(gemms)).precision()
 
 
+def paper_scheme(
+    exp_bits: int, man_bits: int, operands: Iterable[str] = OPERANDS, gemms: Iterable[str] = GEMMS
+) -> Scheme:
+    """E<exp_bits>M<man_bits> simulated as the stability paper does: masking, exponent range clipped, no
+    scaling (module docstring). The element is the IEEE-style `exmy(exp_bits, man_bits)`: its top
+    exponent is kept for Inf/NaN, so E8 formats have exactly FP32's (and BF16's) range."""
+    return Scheme(exmy(exp_bits, man_bits), PAPER_ROUNDING, PAPER_SCALING, tuple(operands), tuple(gemms))
+
+
 def _parse_block(text: str) -> tuple[int, int] | None:
     rows, sep, cols = text.partition("x")
     if sep and rows.isdigit() and cols.isdigit():
@@ -143,15 +175,23 @@ def _parse_block(text: str) -> tuple[int, int] | None:
 
 
 def parse_scheme(text: str) -> Scheme:
-    """A `Scheme` from its text form, e.g. "e8m3", "e4m3:sr:tensor", "e5m2:ops=grad:gemms=dgrad+wgrad".
+    """A `Scheme` from its text form, e.g. "e8m3", "e4m3:sr:tensor", "e5m2:ops=grad:gemms=dgrad+wgrad",
+    "e7m2:paper" (the stability paper's method: `paper_scheme`; it cannot be combined with a rounding or
+    scaling option).
 
     The element goes by name (`snip_ops.formats.element_format`): "e4m3" is the OCP E4M3 (no Inf),
     "e2m1"/"e3m2" the OCP MX elements, "e8m7" the bf16 layout, any other "eXmY" IEEE-style.
     """
     head, *options = text.strip().lower().split(":")
+    roundings = {r.value for r in Rounding}
+    numerics = [o for o in options if o in roundings or o in ("tensor", "paper") or _parse_block(o) is not None]
+    if "paper" in options and len(numerics) > 1:
+        raise ValueError(f"'paper' sets the rounding and the scaling; scheme {text!r} sets them again")
     kwargs: dict = {}
     for opt in options:
-        if opt in {r.value for r in Rounding}:
+        if opt == "paper":
+            kwargs.update(rounding=PAPER_ROUNDING, scaling=PAPER_SCALING)
+        elif opt in roundings:
             kwargs["rounding"] = Rounding(opt)
         elif opt == "tensor":
             kwargs["scaling"] = "tensor"
@@ -164,6 +204,6 @@ def parse_scheme(text: str) -> Scheme:
         else:
             raise ValueError(
                 f"cannot parse option {opt!r} of scheme {text!r}; expected a rounding (rne/sr/trunc), "
-                f"'tensor', a block 'RxC', 'ops=act+weight+grad' or 'gemms=fprop+dgrad+wgrad'"
+                f"'tensor', a block 'RxC', 'paper', 'ops=act+weight+grad' or 'gemms=fprop+dgrad+wgrad'"
             )
     return Scheme(element_format(head), **kwargs)

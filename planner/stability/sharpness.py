@@ -17,23 +17,19 @@ to 0. Every (direction, batch) pair is one sample; the result carries their mean
 and standard error, so two measurements can be compared with their noise.
 
 The model is evaluated in eval mode and, by default, with every `SnipLinear` temporarily in high
-precision: the metric describes the landscape of the (high-precision) weights the optimizer moves,
-whereas a quantized forward is piecewise constant in the weights and would read ~0 for any rho below
-the format's quantum. Layer precisions, SR step counters, the training flag and the weights are all
-restored afterwards, so measuring during training does not change the run.
+precision, and left exactly as it was (`measurement`). The stability paper's own metric, an
+epsilon-sharpness in the style of Keskar et al. on the last token, is `epsilon_sharpness`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 
-from snip_ops import SnipLinear
+from .measurement import measurement_state, restore, sample_statistics
 
 __all__ = ["DIRECTIONS", "SharpnessConfig", "SharpnessResult", "sharpness", "measure_sharpness"]
 
@@ -73,31 +69,6 @@ class SharpnessResult:
         }
 
 
-@contextlib.contextmanager
-def _measurement_state(model: nn.Module, high_precision: bool) -> Iterator[tuple[list[nn.Parameter], list[torch.Tensor]]]:
-    """Eval mode, optionally un-quantized layers, and everything put back afterwards (weights included).
-
-    Yields the trainable parameters and copies of their values."""
-    snip_layers = [m for m in model.modules() if isinstance(m, SnipLinear)]
-    saved_precisions = [m.precision for m in snip_layers]
-    saved_sr_steps = [m.sr_step.clone() for m in snip_layers]
-    params = [p for p in model.parameters() if p.requires_grad]
-    saved_weights = [p.detach().clone() for p in params]
-    was_training = model.training
-    model.eval()
-    if high_precision:
-        for m in snip_layers:
-            m.set_precision(None)
-    try:
-        yield params, saved_weights
-    finally:
-        _restore(params, saved_weights)
-        for m, prec, step in zip(snip_layers, saved_precisions, saved_sr_steps):
-            m.precision = prec
-            m.sr_step.copy_(step)
-        model.train(was_training)
-
-
 def _next_token_log_probs(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     """[tokens, vocab] float64 log-probabilities of the next token at every position of `batch[:, :-1]`."""
     logits = model(batch[:, :-1])
@@ -110,15 +81,9 @@ def _mean_kl(clean_log_p: torch.Tensor, perturbed_log_q: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def _restore(params: Sequence[nn.Parameter], originals: Sequence[torch.Tensor]) -> None:
-    for p, w in zip(params, originals):
-        p.copy_(w)
-
-
-@torch.no_grad()
 def _perturb(params: Sequence[nn.Parameter], originals: Sequence[torch.Tensor], directions, rho: float) -> None:
     """Set every parameter to W + rho * ||W|| * d / ||d|| (a tensor with d == 0 stays at W)."""
-    _restore(params, originals)
+    restore(params, originals)
     for p, w, d in zip(params, originals, directions):
         d_norm = float(d.norm())
         if d_norm > 0:
@@ -138,10 +103,8 @@ def _gradient_directions(model: nn.Module, params: Sequence[nn.Parameter], batch
 
 
 def _summary(direction: str, rho: float, samples: list[float]) -> SharpnessResult:
-    n = len(samples)
-    mean = sum(samples) / n
-    std = math.sqrt(sum((s - mean) ** 2 for s in samples) / (n - 1)) if n > 1 else 0.0
-    return SharpnessResult(direction, rho, mean, std, std / math.sqrt(n), n, mean * rho * rho)
+    mean, std, stderr = sample_statistics(samples)
+    return SharpnessResult(direction, rho, mean, std, stderr, len(samples), mean * rho * rho)
 
 
 def sharpness(
@@ -169,7 +132,7 @@ def measure_sharpness(
     if not batches:
         raise ValueError("sharpness needs at least one held-out batch")
     results = {}
-    with _measurement_state(model, config.high_precision) as (params, originals):
+    with measurement_state(model, config.high_precision) as (params, originals):
         with torch.no_grad():
             clean = [_next_token_log_probs(model, b) for b in batches]
         rho2 = config.rho ** 2
@@ -185,7 +148,7 @@ def measure_sharpness(
         if "gradient" in config.directions:
             samples = []
             for c, b in zip(clean, batches):
-                _restore(params, originals)
+                restore(params, originals)
                 dirs = _gradient_directions(model, params, b)
                 _perturb(params, originals, dirs, config.rho)
                 with torch.no_grad():

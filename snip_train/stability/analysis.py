@@ -8,7 +8,9 @@ above its siblings counts too). Cells stopped by the time limit are left out of 
 counted as `incomplete`).
 
 Early sharpness is the measurement at `early_step` (default: the first one, `setup.sharpness_every`);
-cells that diverged before it have none and are left out of the correlations. The correlations are
+cells that diverged before it have none and are left out of the correlations. Each sharpness kind a
+record carries is analysed alike (`SHARPNESS_KINDS`): ours in random and gradient directions (KL/rho^2)
+and, where measured, the stability paper's epsilon-sharpness ("epsilon", percent). The correlations are
 reported over all cells and within each learning rate, because the learning rate drives both
 sharpness and divergence and would otherwise make any metric look predictive:
 
@@ -17,6 +19,10 @@ sharpness and divergence and would otherwise make any metric look predictive:
 * `point_biserial_r`: Pearson correlation of log sharpness with the 0/1 divergence outcome;
 * `spearman_final_loss`: rank correlation of early sharpness with the final loss of the cells that
   did not diverge.
+
+Where the paper's epsilon-sharpness was measured, `metric_agreement` is the Spearman rank correlation,
+over the cells that have both, of its early value with each of our kinds': do the two metrics order the
+runs alike?
 """
 
 from __future__ import annotations
@@ -30,7 +36,10 @@ from scipy import stats
 
 from planner.stability import exceeds_baseline
 
-__all__ = ["baseline_losses", "judge", "summarize", "sharpness_at"]
+__all__ = ["SHARPNESS_KINDS", "baseline_losses", "judge", "summarize", "sharpness_at"]
+
+# the keys of a sharpness measurement in a cell record (cell.run_cell), in report order
+SHARPNESS_KINDS = ("random", "gradient", "epsilon")
 
 
 def _cell(record: dict[str, Any]) -> tuple[str, float, int]:
@@ -150,7 +159,7 @@ def summarize(
                 "std_final_loss": statistics.stdev(losses) if len(losses) > 1 else None,
                 "mean_spikes": statistics.fmean(v["spikes"] for v in vs) if vs else None,
                 "median_early_sharpness": {d: _median(sharpness_at(v["record"], early_step, d) for v in vs)
-                                           for d in ("random", "gradient")} if early_step is not None else {},
+                                           for d in SHARPNESS_KINDS} if early_step is not None else {},
             }
         judged_all = [c for c in row.values() if c["n"]]
         table[p] = {
@@ -161,7 +170,7 @@ def summarize(
 
     correlations: dict[str, Any] = {}
     if early_step is not None:
-        for direction in ("random", "gradient"):
+        for direction in SHARPNESS_KINDS:
             points = [
                 (s, bool(v["diverged"]), v["final_loss"], v["lr"])
                 for v in verdicts if v["diverged"] is not None
@@ -173,6 +182,15 @@ def summarize(
                 "all": _correlation([pt[:3] for pt in points]),
                 "within_lr": {repr(lr): _correlation([pt[:3] for pt in points if pt[3] == lr]) for lr in lrs},
             }
+    agreement: dict[str, Any] = {}
+    if early_step is not None:
+        for ours in ("random", "gradient"):
+            pairs = [(sharpness_at(v["record"], early_step, "epsilon"), sharpness_at(v["record"], early_step, ours))
+                     for v in verdicts]
+            pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+            if len(pairs) >= 3 and len({a for a, _ in pairs}) > 1 and len({b for _, b in pairs}) > 1:
+                rho, p = stats.spearmanr([a for a, _ in pairs], [b for _, b in pairs])
+                agreement[ours] = {"n": len(pairs), "spearman": _finite(float(rho)), "p": _finite(float(p))}
     return {
         "baseline": baseline,
         "baseline_nats": baseline_nats,
@@ -183,9 +201,10 @@ def summarize(
         "table": table,
         "early_sharpness_step": early_step,
         "sharpness_vs_divergence": correlations,
+        "metric_agreement": agreement,
         "verdicts": [
             {**{k: v for k, v in x.items() if k != "record"},
-             "early_sharpness": {d: sharpness_at(x["record"], early_step, d) for d in ("random", "gradient")}
+             "early_sharpness": {d: sharpness_at(x["record"], early_step, d) for d in SHARPNESS_KINDS}
              if early_step is not None else {}}
             for x in verdicts
         ],

@@ -1,5 +1,6 @@
 """One cell of a stability sweep: a short, bounded training run of the small Llama at one
-(precision, learning rate, seed), recording loss, divergence, spikes and sharpness over time.
+(precision, learning rate, seed), recording loss, divergence, spikes and sharpness over time (ours, and
+optionally the stability paper's epsilon-sharpness next to it, as the "epsilon" entry of each measurement).
 
 The loop is the trainer's (`snip_train`: model, data, AdamW with decay on matrices only, warmup +
 cosine schedule `lr_at`, gradient clipping) written out here because a sweep needs three things the
@@ -29,7 +30,10 @@ from typing import Any
 
 import torch
 
-from planner.stability import DivergenceRule, LossMonitor, SharpnessConfig, measure_sharpness, parse_scheme
+from planner.stability import (
+    DivergenceRule, EpsilonSharpnessConfig, LossMonitor, SharpnessConfig, epsilon_sharpness, measure_sharpness,
+    parse_scheme,
+)
 from snip_ops import SnipLinear, convert
 
 from ..data import TokenData
@@ -41,6 +45,7 @@ __all__ = ["BASELINE", "TrainingSetup", "Cell", "run_cell", "is_exmy_name"]
 BASELINE = "fp32"
 _EXMY_NAME = re.compile(r"^e\d+m\d+")
 _HELD_OUT_SEED = 0x5EED  # the trainer's validation seed: the same held-out windows for every cell
+_OPTIONAL_MEASUREMENTS = ("epsilon_sharpness",)
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,8 @@ class TrainingSetup:
     eval_batches: int = 2               # held-out batches for the final loss and for sharpness
     sharpness_every: int = 20           # measure every this many steps (and at the end); 0: never
     sharpness: SharpnessConfig = SharpnessConfig()
+    # the stability paper's epsilon-sharpness, measured at the same steps next to ours (None: not measured)
+    epsilon_sharpness: EpsilonSharpnessConfig | None = None
     divergence: DivergenceRule = DivergenceRule()
     time_limit_s: float = 600.0         # a cell that runs longer stops, incomplete (not part of the key)
     device: str = "cpu"
@@ -87,9 +94,11 @@ class Cell:
 
     def key(self) -> str:
         """The name of the cell's result file (resumability): a hash of everything that determines the
-        run's outcome -- the whole configuration but the time limit, which only bounds it."""
+        run's outcome -- the whole configuration but the time limit, which only bounds it. An optional
+        measurement that is off (None) is left out as well, so cells recorded without it keep their key."""
         identity = self.to_json()
-        identity["setup"] = {k: v for k, v in identity["setup"].items() if k != "time_limit_s"}
+        identity["setup"] = {k: v for k, v in identity["setup"].items()
+                             if k != "time_limit_s" and not (k in _OPTIONAL_MEASUREMENTS and v is None)}
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -155,13 +164,18 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     initial_loss = _held_out_loss(model, held_out)
     monitor = LossMonitor(setup.divergence, initial_loss)
 
-    sharpness_s = 0.0
+    sharpness_s = epsilon_s = 0.0
 
     def record_sharpness(step: int) -> None:
-        nonlocal sharpness_s
+        nonlocal sharpness_s, epsilon_s
         t = time.perf_counter()
-        results = measure_sharpness(model, held_out, setup.sharpness, seed=cell.seed)
-        sharpness_log.append({"step": step, **{d: r.to_json() for d, r in results.items()}})
+        ours = measure_sharpness(model, held_out, setup.sharpness, seed=cell.seed)
+        entry = {"step": step, **{d: r.to_json() for d, r in ours.items()}}
+        if setup.epsilon_sharpness is not None:
+            t_epsilon = time.perf_counter()
+            entry["epsilon"] = epsilon_sharpness(model, held_out, setup.epsilon_sharpness, seed=cell.seed).to_json()
+            epsilon_s += time.perf_counter() - t_epsilon
+        sharpness_log.append(entry)
         sharpness_s += time.perf_counter() - t
 
     status = "complete"
@@ -208,7 +222,8 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         "sharpness": sharpness_log,
         "time_s": time.perf_counter() - t_start,
         "step_time_s": train_s / max(1, steps_done),
-        "sharpness_time_s": sharpness_s,
+        "sharpness_time_s": sharpness_s,            # both metrics
+        "epsilon_sharpness_time_s": epsilon_s,      # the paper's alone
         "device": str(device),
         "torch_threads": torch.get_num_threads(),
     }

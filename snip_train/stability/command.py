@@ -4,7 +4,8 @@
 registers both as the "sweep" command (bench/bench_stability.py reuses them).
 
 Outputs in --out: cells/<key>.json (one per finished cell; rerunning resumes), sweep.json (the grid),
-summary.json (tables, verdicts, correlations), report.md, heatmap.png, sharpness.png.
+summary.json (tables, verdicts, correlations), report.md, heatmap.png, sharpness.png (ours), and
+epsilon-sharpness.png where the paper's sharpness was measured.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ SWEEP_DESCRIPTION = (
     "spikes and sharpness, and draw heat maps. Finished cells are kept in --out/cells and never rerun. "
     "Precisions: 'fp32' (no quantization), eXmY schemes ('e8m3', 'e4m3:sr', 'e5m2:tensor', "
     "'e2m1:sr:1x32:ops=grad:gemms=dgrad+wgrad'), or snip precisions / plans ('fp8', 'fp4', 'mxfp8', "
-    "'fp4_mlp', plan.json). Presets: cpu-quick (minutes on 2 cores), cpu (the bit-reduction measurement), "
-    "gpu (25M model, 480 cells), gpu-1b; see snip_train/stability/presets.py."
+    "'fp4_mlp', plan.json); 'e8m3:paper' is the stability paper's masking simulation (same as 'e8m3:trunc'). "
+    "Presets: cpu-quick (minutes on 2 cores), cpu (the bit-reduction measurement), cpu-paper (the paper's "
+    "simulation and sharpness), gpu (25M model, 480 cells), gpu-1b; see snip_train/stability/presets.py."
 )
 
 
@@ -63,6 +65,8 @@ def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-steps", type=int)
     p.add_argument("--corpus", help="text/token file or directory (default: the Python stdlib sources)")
     p.add_argument("--rho", type=float, help="relative weight perturbation of the sharpness metric")
+    p.add_argument("--eps", type=float,
+                   help="also measure the paper's epsilon-sharpness with this box size (0: do not measure it)")
     p.add_argument("--sharpness-every", type=int, help="measure sharpness every N steps (0: never)")
     p.add_argument("--baseline-nats", type=float,
                    help="offline divergence threshold over the baseline loss (analysis only: no retraining)")
@@ -79,6 +83,8 @@ def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
 
 def spec_from_args(args: argparse.Namespace):
     """The SweepSpec of parsed sweep options: the preset with the given options replacing its fields."""
+    from planner.stability import EpsilonSharpnessConfig
+
     from ..model import LlamaConfig
     from .presets import preset
     from .sweep import SweepSpec
@@ -99,6 +105,11 @@ def spec_from_args(args: argparse.Namespace):
     setup = dataclasses.replace(setup, **{k: v for k, v in overrides.items() if v is not None})
     if args.rho is not None:
         setup = dataclasses.replace(setup, sharpness=dataclasses.replace(setup.sharpness, rho=args.rho))
+    if args.eps == 0:
+        setup = dataclasses.replace(setup, epsilon_sharpness=None)
+    elif args.eps is not None:
+        epsilon = dataclasses.replace(setup.epsilon_sharpness or EpsilonSharpnessConfig(), eps=args.eps)
+        setup = dataclasses.replace(setup, epsilon_sharpness=epsilon)
     baseline = spec.baseline if args.baseline is None else (None if args.baseline == "none" else args.baseline)
     return SweepSpec(
         precisions=args.precisions or spec.precisions,
@@ -111,9 +122,11 @@ def spec_from_args(args: argparse.Namespace):
 
 
 def write_outputs(out: Path, spec, records: list[dict[str, Any]], context: dict[str, Any]) -> dict[str, Any]:
-    """summary.json, report.md, heatmap.png and sharpness.png in `out`; returns the summary."""
+    """summary.json, report.md, heatmap.png, sharpness.png and epsilon-sharpness.png in `out` (the pictures
+    where there is something to draw); returns the summary."""
     from ..plots import plot_sweep_heatmaps, plot_sweep_sharpness
     from .analysis import summarize
+    from .figures import plot_epsilon_sharpness
     from .report import markdown_report
     from .sweep import to_json_data
 
@@ -125,8 +138,12 @@ def write_outputs(out: Path, spec, records: list[dict[str, Any]], context: dict[
     (out / "report.md").write_text(markdown_report(summary, context))
     title = f"{context['title']} ({len(spec.seeds)} seeds, {spec.setup.steps} steps)"
     plot_sweep_heatmaps(summary, out / "heatmap.png", title)
-    if summary["sharpness_vs_divergence"]:
-        plot_sweep_sharpness(summary, out / "sharpness.png", title)
+    correlations = summary["sharpness_vs_divergence"]
+    ours = {kind: c for kind, c in correlations.items() if kind != "epsilon"}
+    if ours:  # the shared picture is of KL/rho^2 kinds; the paper's sharpness has a picture of its own
+        plot_sweep_sharpness({**summary, "sharpness_vs_divergence": ours}, out / "sharpness.png", title)
+    if "epsilon" in correlations:
+        plot_epsilon_sharpness(summary, out / "epsilon-sharpness.png", title)
     return summary
 
 

@@ -10,6 +10,15 @@ per core:
 * "cpu":       the bit-reduction measurement. E8M7 (the bf16 layout) down to E8M2, plus E5M2 and E4M3,
   against FP32, x 4 learning rates x 3 seeds, 100 steps. ~20 min on 2 idle cores; 74 min on the shared
   VM (bench/results/cpu-stability-*.md).
+* "cpu-paper": the stability paper's method. Its simulation (mantissa bits masked, exponent range
+  clipped, no scaling: `planner.stability.paper_scheme`, names "eXmY:trunc") for E8M7 down to E8M1,
+  then the exponent steps E7M2 and E6M2, against FP32; its epsilon-sharpness (eps 1e-3) recorded next
+  to ours at every measurement. E7M2/E6M2 keep E8M2's two mantissa bits, so E8M2 -> E7M2 -> E6M2 (and
+  E5M2 of the other presets) removes exponent bits only. Scaled to fit ~45 min of one core of the
+  shared VM (an eXmY step cost ~1 s there, 5-8x the idle cost): the setup of "cpu-quick" (60 steps; so
+  its RNE cells of E8M7/E8M3/E8M1 at the same seeds start from the same weights and see the same
+  batches), 2 of its 4 learning rates, 2 seeds. The two are 0.01, where the narrow-exponent formats of
+  "cpu-quick" already fail, and 0.1, where its E8 formats start to.
 
 GPU (run with `--device cuda --workers N`; for models this small several workers can share one GPU).
 These grids have not been run yet (no GPU has been available). Their costs are estimates, and their
@@ -30,7 +39,7 @@ The CPU learning rates bracket the tiny model's FP32 stability edge. At 100 step
 
 from __future__ import annotations
 
-from planner.stability import SharpnessConfig
+from planner.stability import EpsilonSharpnessConfig, SharpnessConfig, paper_scheme
 
 from ..model import LlamaConfig
 from .cell import BASELINE, TrainingSetup
@@ -40,6 +49,20 @@ __all__ = ["PRESETS", "preset"]
 
 _TINY = LlamaConfig.preset("tiny", max_seq_len=64)
 _CPU_LRS = (0.01, 0.03, 0.1, 0.3)
+
+
+# E8M7 .. E8M1, then the exponent steps at two mantissa bits (see the module docstring)
+_PAPER_FORMATS = tuple((8, m) for m in range(7, 0, -1)) + ((7, 2), (6, 2))
+
+
+def _cpu_paper() -> SweepSpec:
+    return SweepSpec(
+        precisions=(BASELINE, *(paper_scheme(e, m).label for e, m in _PAPER_FORMATS)),
+        learning_rates=(0.01, 0.1),
+        seeds=(0, 1),
+        setup=TrainingSetup(model=_TINY, steps=60, warmup_steps=6, sharpness_every=20, time_limit_s=240.0,
+                            epsilon_sharpness=EpsilonSharpnessConfig()),
+    )
 
 
 def _gpu() -> SweepSpec:
@@ -82,6 +105,7 @@ PRESETS = {
         seeds=(0, 1, 2),
         setup=TrainingSetup(model=_TINY, steps=100, warmup_steps=10, sharpness_every=20, time_limit_s=300.0),
     ),
+    "cpu-paper": _cpu_paper,
     "gpu": _gpu,
     "gpu-1b": _gpu_1b,
 }

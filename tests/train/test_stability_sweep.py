@@ -1,14 +1,20 @@
 """The stability sweep (snip_train.stability: sweep / cell / analysis / command): divergence detection on
-a deliberately unstable setting, resumability, parallel workers, offline baseline rule, outputs."""
+a deliberately unstable setting, resumability, parallel workers, offline baseline rule, outputs; the paper's
+preset and its sharpness recorded next to ours."""
 
+import argparse
 import dataclasses
+import hashlib
 import json
 
-from planner.stability import DivergenceRule
+from planner.stability import DivergenceRule, EpsilonSharpnessConfig, parse_scheme
+from snip_ops.formats import Rounding
 from snip_train import cli
 from snip_train.model import LlamaConfig
 from snip_train.stability import Cell, SweepSpec, TrainingSetup, run_sweep
 from snip_train.stability.analysis import judge, summarize
+from snip_train.stability.command import add_sweep_arguments, spec_from_args
+from snip_train.stability.presets import preset
 
 MICRO = LlamaConfig(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16)
 SETUP = TrainingSetup(
@@ -109,3 +115,45 @@ def test_time_limited_cells_are_incomplete_and_retried_with_a_larger_limit(tmp_p
     assert not run_sweep(spec, tmp_path, workers=1, torch_threads=1, progress=False).ran
     longer = dataclasses.replace(spec, setup=dataclasses.replace(SETUP, time_limit_s=600.0))
     assert run_sweep(longer, tmp_path, workers=1, torch_threads=1, progress=False).records[0]["status"] == "complete"
+
+
+def test_paper_preset_is_the_papers_simulation_and_records_both_sharpness_metrics(tmp_path):
+    spec = preset("cpu-paper")
+    formats = [f"e8m{m}" for m in range(7, 0, -1)] + ["e7m2", "e6m2"]
+    assert spec.precisions == ("fp32", *(f"{f}:trunc" for f in formats))
+    for name in spec.precisions[1:]:
+        scheme = parse_scheme(name)
+        assert scheme.rounding == Rounding.TRUNC and scheme.scaling is None
+        assert scheme == parse_scheme(name.replace("trunc", "paper"))
+    assert spec.setup.epsilon_sharpness == EpsilonSharpnessConfig()
+    # its setup is cpu-quick's but for the paper's sharpness: the same weights and batches per seed
+    quick = preset("cpu-quick").setup
+    assert dataclasses.replace(spec.setup, epsilon_sharpness=None) == quick
+
+    setup = dataclasses.replace(SETUP, epsilon_sharpness=EpsilonSharpnessConfig(steps=2))
+    outcome = run_sweep(_spec(precisions=("fp32", "e6m2:trunc"), learning_rates=(STABLE_LR,), setup=setup),
+                        tmp_path, workers=1, torch_threads=1, progress=False)
+    for record in outcome.records:
+        assert [set(m) for m in record["sharpness"]] == [{"step", "random", "gradient", "epsilon"}] * 2
+        assert record["sharpness"][0]["epsilon"]["mean"] >= 0 and record["epsilon_sharpness_time_s"] > 0
+    summary = summarize(outcome.records, "fp32", 0.3)
+    assert summary["table"]["e6m2:trunc"]["by_lr"][repr(STABLE_LR)]["median_early_sharpness"]["epsilon"] >= 0
+    assert all(v["early_sharpness"]["epsilon"] is not None for v in summary["verdicts"])
+
+
+def test_an_unmeasured_epsilon_sharpness_keeps_cell_keys_and_measuring_it_changes_them():
+    plain = Cell("e8m3", 0.01, 0, SETUP)
+    identity = plain.to_json()
+    identity["setup"] = {k: v for k, v in identity["setup"].items() if k not in ("time_limit_s", "epsilon_sharpness")}
+    assert plain.key() == hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
+    measured = Cell("e8m3", 0.01, 0, dataclasses.replace(SETUP, epsilon_sharpness=EpsilonSharpnessConfig()))
+    assert measured.key() != plain.key()
+
+
+def test_cli_eps_option_turns_the_papers_sharpness_on_and_off():
+    parser = argparse.ArgumentParser()
+    add_sweep_arguments(parser)
+    assert spec_from_args(parser.parse_args(["--preset", "cpu-quick"])).setup.epsilon_sharpness is None
+    assert spec_from_args(parser.parse_args(["--preset", "cpu-quick", "--eps", "5e-4"])).setup.epsilon_sharpness.eps == 5e-4
+    assert spec_from_args(parser.parse_args(["--preset", "cpu-paper", "--eps", "0"])).setup.epsilon_sharpness is None
+    assert spec_from_args(parser.parse_args(["--preset", "cpu-paper"])).setup.epsilon_sharpness.eps == 1e-3
