@@ -10,9 +10,10 @@
 
 Modules: stats (recording), qerror (quantization errors), divergence (LD / WD), cost (shapes, cost
 models, budgets), ilp (the PuLP/CBC formulation), exact (its optimality certificate), baselines, plan
-(Plan JSON and its table), controller (SnipPlanner). `planner.stability` holds the training-stability
-numerics (eXmY simulation, sharpness, the divergence rule). The planner depends on snip_ops only;
-the demo trainer, the command line and every picture are the application's (snip_train).
+(Plan JSON and its table), schedule (re-plan triggers, a raised budget), controller (SnipPlanner).
+`planner.stability` holds the training-stability numerics (eXmY simulation, sharpness, the divergence
+rule). The planner depends on snip_ops only; the demo trainer, the command line and every picture are
+the application's (snip_train).
 
 The names below are imported lazily, so that subpackages (e.g. planner.stability) do not pay for
 PuLP and the rest when they are imported on their own.
@@ -27,6 +28,7 @@ _EXPORTS = {
     "DivergenceConfig": "divergence", "measure": "divergence",
     "InfeasibleBudget": "ilp", "solve": "ilp",
     "Plan": "plan",
+    "PrecisionSchedule": "schedule",
     "LayerStats": "stats", "PlannerStats": "stats", "StatsConfig": "stats",
 }
 

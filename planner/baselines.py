@@ -2,36 +2,46 @@
 
     baseline(name, stats, budget, high="fp8", low="fp4", ...) -> Plan
 
-* "uniform_<p>" (e.g. "uniform_fp8", "uniform_fp4"): every layer in p; the budget is not enforced,
-  `metrics["meets_budget"]` says whether it is met.
-* the others rank the layers and, starting from all-`high`, switch whole layers to `low` in that
-  order until the budget is met (so they sit at the same budget as the ILP, overshooting it by at
-  most one layer):
-  - "first_last":  the first and last transformer blocks stay `high` longest (middle blocks go first);
-  - "layer_type":  layers whose name ends in one of `keep` (default down_proj, o_proj) go last;
-  - "min_error":   layers with the smallest forward quantization error e_fwd(low) go first
-                   (greedy on e_fwd only: no curvature, no backward);
-  - "random":      a random order (seeded).
-Ties keep the model's module order.
+Every heuristic is judged at exactly SNIP's budget: it scores the layers, and the same ILP, solver and
+budget check as SNIP's (`ilp.solve` with the heuristic's `objective`) choose the plan of least total
+score. A layer's score is what putting it in `low` costs; in `high` it costs nothing, except for the
+error-based baselines, which pay the error of whichever precision the layer gets:
+
+* "uniform_<p>" (e.g. "uniform_fp4"): every layer in p, no ILP; `metrics["meets_budget"]` says whether the
+  budget is met (uniform FP4 meets every FP4-share budget, with more FP4 than it asks for);
+* "first_last":    layers of the first and last transformer block (and layers outside blocks) score 1, the
+                   others ~0, so the end blocks are the last to go low;
+* "layer_type":    layers whose name ends in one of `keep` (default down_proj, o_proj) score 1, the rest ~0;
+* "min_rel_error": the sum over the three GEMMs of the relative squared error e_g(p) (DESIGN.md §4.2):
+                   no curvature, no optimizer;
+* "min_abs_error": the same errors times the squared norm of each GEMM's exact output, ||y||^2, ||dx||^2,
+                   ||dW||^2 on the calibration batch: absolute squared error (a layer with large outputs
+                   pays more; the gradient GEMMs' outputs are tiny next to activations, so in effect
+                   the forward error decides);
+* "random":        a score drawn uniformly per layer from a generator seeded with `seed`.
+
+The ~0 scores are a tie-break of at most 1e-6 (module order; for first_last the distance to the nearest
+end block, inner layers first), so that a plan is a function of the heuristic and the budget alone.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
 from snip_ops.formats import GEMMS
 
 from .cost import Budget, LayerShape, plan_metrics
-from .ilp import DEFAULT_LAMBDA, InfeasibleBudget, make_plan, validate_candidates
+from .ilp import DEFAULT_LAMBDA, Objective, make_plan, solve, validate_candidates
 from .plan import Plan
-from .stats import PlannerStats
+from .stats import LayerStats, PlannerStats
 
-__all__ = ["BASELINES", "baseline", "block_index"]
+__all__ = ["BASELINES", "baseline", "block_index", "baseline_objective"]
 
-BASELINES = ("uniform_fp8", "uniform_fp4", "first_last", "layer_type", "min_error", "random")
+BASELINES = ("uniform_fp8", "uniform_fp4", "first_last", "layer_type", "min_rel_error", "min_abs_error", "random")
 _BLOCK = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+_TIE = 1e-6
 
 
 def block_index(name: str) -> int | None:
@@ -40,52 +50,62 @@ def block_index(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _order(name: str, stats: PlannerStats, low: str, seed: int, keep: Sequence[str]) -> list[str]:
-    names = [s.name for s in stats.layers]
+def _priorities(name: str, names: Sequence[str], seed: int, keep: Sequence[str]) -> dict[str, float]:
+    """{layer: score of putting it low} for the heuristics that do not read errors."""
+    n = len(names)
+    order = {layer: _TIE * i / n for i, layer in enumerate(names)}
     if name == "first_last":
-        blocks = {n: block_index(n) for n in names}
+        blocks = {layer: block_index(layer) for layer in names}
         known = [b for b in blocks.values() if b is not None]
         first, last = (min(known), max(known)) if known else (0, 0)
-        # Distance to the nearest end block; layers outside blocks count as ends (kept high).
-        dist = {n: min(b - first, last - b) if b is not None else -1 for n, b in blocks.items()}
-        return sorted(names, key=lambda n: -dist[n])
+        span = max(last - first, 1)
+        out = {}
+        for layer, b in blocks.items():
+            dist = min(b - first, last - b) if b is not None else 0
+            out[layer] = 1.0 if dist == 0 else _TIE * (1 - dist / span) + 1e-3 * order[layer]
+        return out
     if name == "layer_type":
-        return sorted(names, key=lambda n: n.rsplit(".", 1)[-1] in keep)
-    if name == "min_error":
-        by_name = stats.by_name()
-        return sorted(names, key=lambda n: by_name[n].errors[low]["fprop"])
+        return {layer: 1.0 if layer.rsplit(".", 1)[-1] in keep else order[layer] for layer in names}
     if name == "random":
-        order = list(names)
-        random.Random(seed).shuffle(order)
-        return order
+        r = random.Random(seed)
+        return {layer: r.random() for layer in names}
     raise ValueError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)} (or uniform_<precision>)")
+
+
+def _output_sq_norm(s: LayerStats, gemm: str) -> float:
+    """||exact GEMM output||^2 on the calibration batch, from the recorded RMS values."""
+    m, k, n = s.shape.tokens, s.shape.in_features, s.shape.out_features
+    return {"fprop": s.out_rms**2 * m * n, "dgrad": s.grad_in_rms**2 * m * k, "wgrad": s.weight_grad_rms**2 * n * k}[gemm]
+
+
+def baseline_objective(name: str, stats: PlannerStats, low: str, *, seed: int = 0,
+                       keep: Sequence[str] = ("down_proj", "o_proj")) -> Objective:
+    """The ILP objective term (layer stats, GEMM, precision) -> score of the heuristic `name`."""
+    if name == "min_rel_error":
+        return lambda s, g, p: s.errors[p][g]
+    if name == "min_abs_error":
+        return lambda s, g, p: s.errors[p][g] * _output_sq_norm(s, g)
+    scores = _priorities(name, [s.name for s in stats.layers], seed, keep)
+    return lambda s, g, p: scores[s.name] if g == "fprop" and p == low else 0.0
 
 
 def baseline(name: str, stats: PlannerStats, budget: Budget, high: str = "fp8", low: str = "fp4", *,
              lam: float = DEFAULT_LAMBDA, seed: int = 0, keep: Sequence[str] = ("down_proj", "o_proj"),
-             tokens: int | None = None) -> Plan:
+             tokens: int | None = None, time_limit: float | None = None) -> Plan:
     """The baseline plan `name` at `budget` (see the module docstring)."""
+    if name.startswith("uniform_"):
+        return _uniform(name, stats, budget, lam, tokens)
+    objective: Callable = baseline_objective(name, stats, low, seed=seed, keep=keep)
+    return solve(stats, budget, (high, low), lam=lam, granularity="layer", tokens=tokens, time_limit=time_limit,
+                 objective=objective, method=name)
+
+
+def _uniform(name: str, stats: PlannerStats, budget: Budget, lam: float, tokens: int | None) -> Plan:
+    p = name[len("uniform_"):]
+    validate_candidates([p])
     names = [s.name for s in stats.layers]
     shapes = {s.name: s.shape if tokens is None else
               LayerShape(s.name, s.shape.in_features, s.shape.out_features, tokens) for s in stats.layers}
-    if name.startswith("uniform_"):
-        p = name[len("uniform_"):]
-        validate_candidates([p])
-        choice = {(n, g): p for n in names for g in GEMMS}
-        met = budget.satisfied_by(plan_metrics(choice, shapes, budget.cost_model))
-        return make_plan(choice, names, stats, budget, (p,), lam, "layer", shapes, name, {"meets_budget": float(met)})
-    candidates = validate_candidates([high, low], stats if name == "min_error" else None)
-    order = _order(name, stats, low, seed, keep)
-    choice = {(n, g): high for n in names for g in GEMMS}
-    metrics = plan_metrics(choice, shapes, budget.cost_model)
-    for n in order:
-        if budget.satisfied_by(metrics):
-            break
-        for g in GEMMS:
-            choice[(n, g)] = low
-        metrics = plan_metrics(choice, shapes, budget.cost_model)
-    if not budget.satisfied_by(metrics):
-        best = metrics.fp4_fraction if budget.kind == "fp4_fraction" else metrics.relative_cost
-        raise InfeasibleBudget(f"baseline {name}: budget '{budget.describe()}' is infeasible even with every "
-                               f"layer in {low}; the tightest feasible budget is {best:.6g}", best)
-    return make_plan(choice, names, stats, budget, candidates, lam, "layer", shapes, name, {"meets_budget": 1.0})
+    choice = {(n, g): p for n in names for g in GEMMS}
+    met = budget.satisfied_by(plan_metrics(choice, shapes, budget.cost_model))
+    return make_plan(choice, names, stats, budget, (p,), lam, "layer", shapes, name, {"meets_budget": float(met)})

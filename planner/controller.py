@@ -2,7 +2,7 @@
 
     planner = SnipPlanner(model, optimizer, PlannerConfig(budget=Budget.fp4_fraction(0.75), interval=100))
     for step, batch in enumerate(loader):
-        planner.step(step, batch)          # re-plans at step 0, 100, 200, ... before the training step
+        planner.step(step, batch)          # re-plans at the first step s, s + 100, s + 200, ... before the step
         loss = model.loss(batch); loss.backward(); optimizer.step(); optimizer.zero_grad()
 
 Between re-plans the planner does nothing: the installed precisions stay on the SnipLinear modules.
@@ -33,9 +33,10 @@ from snip_ops.reference import divide_by
 
 from .baselines import BASELINES, baseline
 from .cost import Budget
-from .divergence import DivergenceConfig, measure
-from .ilp import DEFAULT_LAMBDA, solve, validate_candidates
+from .divergence import DivergenceConfig, LogitsFn, lm_logits, measure
+from .ilp import DEFAULT_LAMBDA, OBJECTIVE_TERMS, solve, validate_candidates
 from .plan import Plan
+from .schedule import PrecisionSchedule, ScheduleState
 from .stats import LayerStats, LossFn, PlannerStats, StatsConfig
 
 __all__ = ["PlannerConfig", "SnipPlanner", "default_loss_fn"]
@@ -46,7 +47,9 @@ class PlannerConfig:
     candidates: tuple[str, ...] = ("fp8", "fp4")
     budget: Budget = field(default_factory=lambda: Budget.fp4_fraction(0.75))
     interval: int = 100                       # re-plan every `interval` steps (and at the first step)
-    lam: float = DEFAULT_LAMBDA               # weight of WD against LD / L (see ilp.DEFAULT_LAMBDA)
+    lam: float = DEFAULT_LAMBDA               # weight of WD against LD (see ilp.DEFAULT_LAMBDA)
+    terms: str = "ld+wd"                      # SNIP's objective, or one of its terms alone (ilp.OBJECTIVE_TERMS)
+    schedule: PrecisionSchedule | None = None  # re-plans on triggers and a raised budget (planner.schedule)
     granularity: str = "layer"                # "layer" (one precision per layer) or "gemm"
     method: str = "snip"                      # "snip" (the ILP) or a baseline name (baselines.BASELINES)
     pinned: Mapping[str, object] = field(default_factory=dict)  # {FQN or pattern: precision}
@@ -64,6 +67,8 @@ class PlannerConfig:
             raise ValueError(f"granularity must be 'layer' or 'gemm', got {self.granularity!r}")
         if self.method != "snip" and self.method not in BASELINES and not self.method.startswith("uniform_"):
             raise ValueError(f"method must be 'snip' or a baseline ({', '.join(BASELINES)}), got {self.method!r}")
+        if self.terms not in OBJECTIVE_TERMS:
+            raise ValueError(f"terms must be one of {OBJECTIVE_TERMS}, got {self.terms!r}")
         if self.method != "snip" and self.granularity != "layer":
             raise ValueError("baseline plans are per layer; use granularity='layer'")
 
@@ -82,13 +87,15 @@ class SnipPlanner:
     """Periodic precision planning for the linear layers of `model` (see the module docstring)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, config: PlannerConfig | None = None,
-                 *, loss_fn: LossFn | None = None, filter_fn: Callable[[nn.Module, str], bool] | None = None,
+                 *, loss_fn: LossFn | None = None, logits_fn: LogitsFn | None = None,
+                 filter_fn: Callable[[nn.Module, str], bool] | None = None,
                  log: Callable[[str], None] | None = None, **overrides):
         config = config or PlannerConfig()
         self.config = dataclasses.replace(config, **overrides) if overrides else config
         self.model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
         self.optimizer = optimizer
         self.loss_fn = loss_fn or default_loss_fn
+        self.logits_fn = logits_fn
         self.log = log or (lambda msg: None)
         keep = filter_fn or (lambda mod, name: not any(fnmatch.fnmatchcase(name, p) for p in DEFAULT_EXCLUDE))
         # Plain nn.Linear layers become SnipLinear (bf16 until the first plan); converted ones keep theirs.
@@ -97,28 +104,61 @@ class SnipPlanner:
         if not self.layers:
             raise ValueError("the model has no linear layer to plan")
         self.plan: Plan | None = None
-        self.history: list[dict] = []  # one summary per re-plan: step, metrics, timings
+        self.history: list[dict] = []  # one summary per re-plan: step, why, metrics, timings
+        self.schedule_state = ScheduleState()
+        self.start_step: int | None = None  # the step of the first plan: re-plans are `interval` steps apart from it
 
     # -- the training-loop interface -------------------------------------------------------
     def due(self, step: int) -> bool:
-        return self.plan is None or step % self.config.interval == 0
+        """No plan yet, or `interval` steps (a multiple) after the first plan's step."""
+        return self.plan is None or self.start_step is None or (step - self.start_step) % self.config.interval == 0
 
     def step(self, step: int, batch, loss_fn: LossFn | None = None) -> Plan | None:
-        """Call once per optimizer step, before it: re-plans (and returns the new plan) when due, else None."""
-        return self.replan(batch, step, loss_fn) if self.due(step) else None
+        """Call once per optimizer step, before it (after the loop set this step's learning rate): re-plans
+        (and returns the new plan) when due or triggered (PlannerConfig.schedule), else None."""
+        reasons = self._triggers(step)
+        return self.replan(batch, step, loss_fn, reasons) if reasons else None
+
+    def observe_loss(self, loss: float) -> None:
+        """Report a training step's loss to the schedule's spike trigger (a no-op without one). Under
+        torch.distributed pass the same value on every rank (e.g. the all-reduced mean)."""
+        if self.config.schedule is not None:
+            self.schedule_state.observe_loss(self.config.schedule, float(loss))
+
+    def _triggers(self, step: int) -> list[str]:
+        reasons = ["interval"] if self.due(step) else []
+        sched, state = self.config.schedule, self.schedule_state
+        if sched is None:
+            return reasons
+        if self.optimizer is not None and state.observe_lr(sched, float(self.optimizer.param_groups[0]["lr"])):
+            reasons.append("lr_decay")
+        if state.spike_pending:
+            state.spike_pending = False
+            reasons.append("loss_spike")
+        if _distributed():  # one rank's spike re-plans on every rank: the measurement is collective
+            flag = torch.tensor([float(bool(reasons))], device=_collective_device())
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() and not reasons:
+                reasons.append("loss_spike")
+        return reasons
 
     def as_hook(self) -> Callable[[int, nn.Module, object], Plan | None]:
         """An `on_step(step, model, batch)` callback for snip_train.train."""
         return lambda step, model, batch: self.step(step, batch)
 
-    def replan(self, batch, step: int | None = None, loss_fn: LossFn | None = None) -> Plan:
+    def replan(self, batch, step: int | None = None, loss_fn: LossFn | None = None,
+               reasons: list[str] | None = None) -> Plan:
         t0 = time.perf_counter()
         stats = self.measure(batch, step, loss_fn)
         t1 = time.perf_counter()
-        plan = self._solve_everywhere(stats)
+        plan, noisy = self._solve_everywhere(stats)
+        self.schedule_state.noisy = self.schedule_state.noisy or noisy
+        if self.start_step is None and step is not None:
+            self.start_step = step
         self.install(plan)
         t2 = time.perf_counter()
-        self.history.append({"step": step, "measure_s": t1 - t0, "solve_s": t2 - t1, **dict(plan.metrics)})
+        self.history.append({"step": step, "why": list(reasons or ["requested"]), "measure_s": t1 - t0,
+                             "solve_s": t2 - t1, "budget": plan.budget, **dict(plan.metrics)})
         self.log(f"planner: step {step}: {plan.method} plan, FP4 FLOPs {100 * plan.metrics['fp4_fraction']:.1f}%, "
                  f"cost {plan.metrics['relative_cost']:.3f} x bf16, measured in {t1 - t0:.1f}s, "
                  f"solved in {t2 - t1:.2f}s")
@@ -130,31 +170,59 @@ class SnipPlanner:
         n = self.config.calib_batch_size
         if n is not None and torch.is_tensor(batch):
             batch = batch[:n]
+        sched = self.config.schedule
+        noise = sched is not None and sched.noise_ratio is not None and torch.is_tensor(batch) and batch.shape[0] >= 2
         stats = measure(self.model, self.layers, self.optimizer, batch, loss_fn or self.loss_fn,
-                        self.config.candidates, self.config.stats, self.config.divergence, step)
+                        self.config.candidates, self.config.stats, self.config.divergence, step,
+                        self._logits_fn(batch, loss_fn), gradient_noise=noise)
         return _all_reduce_stats(stats, self.config.candidates) if _distributed() else stats
 
-    def solve(self, stats: PlannerStats) -> Plan:
-        c = self.config
-        if c.method == "snip":
-            return solve(stats, c.budget, c.candidates, lam=c.lam, granularity=c.granularity, pinned=c.pinned,
-                         stages=c.stages, tokens=c.tokens_per_step)
-        high, low = c.candidates[0], c.candidates[-1]  # e.g. ("fp8", "fp4")
-        return baseline(c.method, stats, c.budget, high, low, lam=c.lam, tokens=c.tokens_per_step)
+    def _logits_fn(self, batch, loss_fn: LossFn | None) -> LogitsFn | None:
+        """The given logits_fn; else, for the default loss of a causal LM on a window batch [B, T+1] (the
+        convention of `model.loss`), `lm_logits`; else None (no Fisher curvature)."""
+        if self.logits_fn is not None:
+            return self.logits_fn
+        lm_window = torch.is_tensor(batch) and batch.dim() == 2 and not batch.is_floating_point()
+        if loss_fn is None and self.loss_fn is default_loss_fn and lm_window:
+            return lm_logits
+        return None
 
-    def _solve_everywhere(self, stats: PlannerStats) -> Plan:
+    def solve(self, stats: PlannerStats, budget: Budget | None = None) -> Plan:
+        """The configured method's plan at `budget` (default: the schedule's current budget)."""
+        c = self.config
+        budget = budget or self.schedule_state.budget(c.schedule, c.budget)
+        if c.method == "snip":
+            return solve(stats, budget, c.candidates, lam=c.lam, granularity=c.granularity, pinned=c.pinned,
+                         stages=c.stages, tokens=c.tokens_per_step, terms=c.terms)
+        high, low = c.candidates[0], c.candidates[-1]  # e.g. ("fp8", "fp4")
+        return baseline(c.method, stats, budget, high, low, lam=c.lam, tokens=c.tokens_per_step)
+
+    def _solve_with_schedule(self, stats: PlannerStats) -> tuple[Plan, bool]:
+        """The plan, and whether the noise-ratio trigger fired on it (then it is made at the raised budget)."""
+        plan = self.solve(stats)
+        sched = self.config.schedule
+        if sched is None or sched.noise_ratio is None or self.schedule_state.noisy:
+            return plan, False
+        quantization = plan.metrics.get("wd", 0.0) * stats.loss  # sum of WD (loss units) of the plan's GEMMs
+        noise = stats.diagnostics.get("gradient_noise_loss")
+        if noise is None or stats.wd_units != "loss" or not quantization > 0 or noise / quantization >= sched.noise_ratio:
+            return plan, False
+        return self.solve(stats, sched.raised_budget), True
+
+    def _solve_everywhere(self, stats: PlannerStats) -> tuple[Plan, bool]:
         if not _distributed():
-            return self.solve(stats)
+            return self._solve_with_schedule(stats)
         box: list = [None]
         if dist.get_rank() == 0:
             try:
-                box[0] = {"plan": self.solve(stats).to_json()}
+                plan, noisy = self._solve_with_schedule(stats)
+                box[0] = {"plan": plan.to_json(), "noisy": noisy}
             except Exception as e:  # every rank must leave the broadcast, so errors travel too
                 box[0] = {"error": f"{type(e).__name__}: {e}"}
         dist.broadcast_object_list(box, src=0)
         if "error" in box[0]:
             raise RuntimeError(f"planning failed on rank 0: {box[0]['error']}")
-        return Plan.from_json(box[0]["plan"])
+        return Plan.from_json(box[0]["plan"]), box[0]["noisy"]
 
     def install(self, plan: Plan) -> None:
         plan.apply(self.model)
@@ -162,11 +230,14 @@ class SnipPlanner:
 
     # -- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"plan": self.plan.to_json() if self.plan is not None else None, "history": list(self.history)}
+        return {"plan": self.plan.to_json() if self.plan is not None else None, "history": list(self.history),
+                "schedule": self.schedule_state.to_json(), "start_step": self.start_step}
 
     def load_state_dict(self, state: Mapping) -> None:
         """Restore the plan of a checkpoint; the resumed run keeps it until the next re-plan step."""
         self.history = list(state.get("history", []))
+        self.schedule_state = ScheduleState.from_json(state.get("schedule", {}))
+        self.start_step = state.get("start_step", 0 if state.get("plan") is not None else None)
         if state.get("plan") is not None:
             self.install(Plan.from_json(state["plan"]))
 
@@ -179,6 +250,10 @@ class SnipPlanner:
             self.load_state_dict(json.load(f))
 
 
+def _collective_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 _LAYER_FIELDS = ("out_rms", "grad_out_rms", "grad_in_rms", "weight_grad_rms", "curvature", "s_dgrad", "s_wgrad")
 
 
@@ -188,8 +263,7 @@ def _all_reduce_stats(stats: PlannerStats, candidates: tuple[str, ...]) -> Plann
     for s in stats.layers:
         flat += [getattr(s, f) for f in _LAYER_FIELDS]
         flat += [s.errors[p][g] for p in candidates for g in GEMMS]
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    t = torch.tensor(flat, dtype=torch.float64, device=device)
+    t = torch.tensor(flat, dtype=torch.float64, device=_collective_device())
     dist.all_reduce(t)
     values = divide_by(t, dist.get_world_size()).tolist()
     loss, pos, layers = values[0], 1, []
@@ -201,4 +275,4 @@ def _all_reduce_stats(stats: PlannerStats, candidates: tuple[str, ...]) -> Plann
             errors[p] = dict(zip(GEMMS, values[pos:pos + 3]))
             pos += 3
         layers.append(LayerStats(shape=s.shape, errors=errors, **nums))
-    return PlannerStats(tuple(layers), loss, stats.step, stats.preconditioner, stats.diagnostics)
+    return PlannerStats(tuple(layers), loss, stats.step, stats.preconditioner, stats.diagnostics, stats.wd_units)

@@ -7,56 +7,97 @@ Loss divergence.  The definition: with n = sigma rms(y_l) z injected into y_l al
     h_l = E[L(y+n) + L(y-n) - 2 L(y)] / (2 sigma^2)  =  rms(y_l)^2 tr(H_ll) / 2 + O(sigma^2),
 H_ll the block of the loss Hessian w.r.t. y_l, and LD(l, p) = h_l e_fwd(l, p).
   * `method="per_layer"` computes exactly that: 2 forwards per layer per draw.
-  * `method="batched"` (default) injects independent noise n_l into *every* layer at once, once with
-    +n and once with -n, and backpropagates both losses to the noisy outputs:
+  * `method="batched"` injects independent noise n_l into *every* layer at once, once with +n and
+    once with -n, and backpropagates both losses to the noisy outputs:
         n_l . (g_l(+n) - g_l(-n)) = 2 n_l . (H n)_l + O(sigma^4)
     and E[n_l . (H n)_l] = E[n_l^T H_ll n_l] because the cross terms n_l^T H_lm n_m (m != l) have
     mean zero for independent noise. So h_l = E[n_l . (g_l(+n) - g_l(-n))] / (4 sigma^2): the same
-    quantity, for all layers from 2 forward/backward passes per draw. The loss values of the same
-    pair give the sum over layers, (L+ + L- - 2L) / (2 sigma^2) ~ sum_l h_l: kept as a diagnostic.
+    quantity, for all layers from 2 forward/backward passes per draw. The cross terms are the
+    estimator's noise: with few draws many layers read negative (and are floored at 0 by LD).
+  * `method="fisher"` replaces H by its Gauss-Newton part G, the curvature of the loss through the
+    model's output distribution (H = G + terms weighted by the residuals, small once the model fits;
+    for softmax cross-entropy G is also the Fisher). With labels y^ drawn from the model's own
+    predictions, the gradient g_l of the mean cross-entropy over N positions satisfies
+    E ||g_l||^2 = tr(G_ll) / N (positions' draws are independent with mean-zero score), so
+        h_l = rms(y_l)^2 N E||g_l||^2 / 2   >= 0 for every draw:
+    one forward to the logits and one backward per draw, no noise, no cancellation.
+  * `method="auto"` (default): "fisher" when the logits are available (a `logits_fn`), else "batched".
+    The batched loss differences give the sum over layers, (L+ + L- - 2L) / (2 sigma^2) ~ sum_l h_l,
+    and the Fisher estimate its Gauss-Newton counterpart: both kept as diagnostics.
 
-Weight divergence.  With P = d(update)/d(grad) the Adam preconditioner (stats.adam_preconditioner)
-and U^2 the squared norm of the clean update:
-  * wgrad: noise nu of relative size e on dW_l changes the update by P nu, so
-        s_wgrad(l) = rms(dW_l)^2 sum_{i in W_l} P_i^2 / U^2        (closed form, no pass)
-  * dgrad: noise nu = rms(dx_l) z on dx_l reaches every upstream parameter as a cotangent on x_l:
-    delta_g = J_l^T nu with J_l = d x_l / d theta, and
-        s_dgrad(l) = rms(dx_l)^2 E||P J_l^T z||^2 / U^2 = rms(dx_l)^2 tr(J_l P^2 J_l^T) / U^2.
+Weight divergence.  Quantizing layer l's dgrad or wgrad adds noise to gradients. With `wd_units`
+"loss" (default) WD is the training loss the optimizer pays for that noise: for Adam (diagonal
+preconditioner D = 1/(sqrt(v_hat) + eps), learning rate lr) on a locally quadratic loss, gradient noise
+of variance s_i on parameter i raises the loss, once the iterates have settled around the minimum, by
+    E dL = lr/4 sum_i D_i s_i  =  sum_i c_i s_i,   c = stats.Preconditioner.excess_loss_weight
+(the stationary covariance C of theta solves A C + C A = lr S in the preconditioned coordinates,
+so tr(A C)/2 = lr tr(S)/4 for any curvature A: the stiff directions, which settle within 1/(lr h)
+steps, reach it; the flat ones stay below it). In loss units WD / L is comparable with LD / L, and
+lambda = 1 weighs them as the loss model says. Per unit relative noise energy, with the noise spread
+evenly over the noisy tensor's entries:
+  * wgrad: s_wgrad(l) = rms(dW_l)^2 sum_{i in W_l} c_i                     (closed form, no pass)
+  * dgrad: noise nu = rms(dx_l) z on dx_l reaches every upstream parameter as a cotangent on x_l,
+    delta_g = J_l^T nu with J_l = d x_l / d theta, so s_dgrad(l) = rms(dx_l)^2 tr(J_l C J_l^T).
+With `wd_units` "update" (the earlier definition) c_i is replaced by P_i^2 / U^2, P = d(update)/d(grad)
+(stats.adam_preconditioner) and U^2 the squared norm of the clean update: the relative squared change
+of the next update, a quantity without a loss scale.
     `per_layer` draws z and backpropagates it from x_l (one backward per layer per draw).
-    `batched` uses tr(J P^2 J^T) = E_w ||J_l P w||^2 over w ~ N(0, I) in parameter space: one
-    antithetic pair of forwards with theta +- h P w gives J_l P w = (x_l(+) - x_l(-)) / (2h) for
-    every layer at once. Parameter entries whose gradient is exactly zero on this batch (e.g.
-    embedding rows of absent tokens) get no perturbation: they reach no x_l, and their huge
-    1/(sqrt(v)+eps) would otherwise force a tiny step h.
+    `batched` / `fisher` use tr(J M J^T) = E_w ||J_l M^(1/2) w||^2 over w ~ N(0, I) in parameter space
+    (M = C or P^2): one forward with theta + h M^(1/2) w gives J_l M^(1/2) w = (x_l(+) - x_l) / h for
+    every layer at once, x_l read on the rows the statistics pass sampled (its values at theta). The
+    relative step h is 1e-3 of ||theta||: the one-sided difference's O(h) bias is far below the
+    Monte Carlo noise. Parameter entries whose gradient is exactly zero on this batch (e.g. embedding
+    rows of absent tokens) get no perturbation: they reach no x_l, and their huge 1/(sqrt(v)+eps) would
+    otherwise force a tiny step h.
 Per unit relative noise energy, WD(l, p) = s_dgrad e_dgrad(l, p) + s_wgrad e_wgrad(l, p).
 
-Cost (batched, D = draws): 2D forward+backward passes for LD, 2D forwards for WD, plus the stats
-pass. Extra memory: the noise of every layer output during an LD pass (one activation-sized tensor
-per layer), and two parameter-sized copies (theta and the direction P w) during WD.
+Cost (D = draws): "fisher" 1 forward + D backwards for LD, "batched" 2D forward+backward passes; D
+forwards for WD; plus the statistics pass and the quantization errors. Extra memory: the graph of one
+forward (fisher) or the noise of every layer output (batched) during LD, and two parameter-sized copies
+(theta and the direction) during WD.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
-from typing import Iterable, Literal, Mapping
+from typing import Callable, Iterable, Literal, Mapping
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .qerror import gemm_errors
-from .stats import (LayerStats, LossFn, PlannerStats, Recording, StatsConfig, high_precision, isolated_rng,
-                    record)
+from .stats import (WD_UNITS, LayerStats, LossFn, PlannerStats, Recording, StatsConfig, gradient_noise_loss,
+                    high_precision, isolated_rng, record)
 
-__all__ = ["DivergenceConfig", "loss_curvature", "weight_sensitivity", "measure"]
+__all__ = ["DivergenceConfig", "LogitsFn", "lm_logits", "loss_curvature", "weight_sensitivity", "measure"]
+
+# (model, batch) -> logits [..., vocabulary] whose softmax is the model's prediction at every position the
+# loss averages over (see the module docstring, method "fisher").
+LogitsFn = Callable[[nn.Module, object], torch.Tensor]
+METHODS = ("auto", "fisher", "batched", "per_layer")
+
+
+def lm_logits(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """The logits of a causal LM on a window batch [B, T+1]: `model(batch[:, :-1])` (the convention of
+    `model.loss(window)`, the planner's default loss), or its `.logits` (Hugging Face outputs)."""
+    out = model(batch[:, :-1])
+    logits = getattr(out, "logits", out)
+    if not torch.is_tensor(logits) or logits.shape[:2] != batch[:, 1:].shape:
+        raise TypeError(f"{type(model).__name__}(tokens) does not return logits [B, T, vocabulary] for a window "
+                        "batch [B, T+1]; pass logits_fn=(model, batch) -> logits to the planner")
+    return logits
 
 
 @dataclass(frozen=True)
 class DivergenceConfig:
-    sigma: float = 0.05        # relative size of the output noise for loss curvature
-    draws: int = 2             # antithetic pairs per estimate
-    param_step: float = 1e-3   # ||h P w|| / ||theta||, the parameter perturbation of the batched WD
-    method: Literal["batched", "per_layer"] = "batched"
+    sigma: float = 0.05        # relative size of the output noise for loss curvature ("batched", "per_layer")
+    draws: int = 2             # antithetic pairs ("batched", "per_layer") or label draws ("fisher") per estimate
+    param_step: float = 1e-3   # ||h M^(1/2) w|| / ||theta||, the parameter perturbation of the batched WD
+    method: Literal["auto", "fisher", "batched", "per_layer"] = "auto"
+    wd_units: Literal["loss", "update"] = "loss"
     seed: int = 0
 
     def __post_init__(self):
@@ -66,17 +107,23 @@ class DivergenceConfig:
             raise ValueError(f"draws must be >= 1, got {self.draws}")
         if not 0 < self.param_step < 0.1:
             raise ValueError(f"param_step must be in (0, 0.1), got {self.param_step}")
-        if self.method not in ("batched", "per_layer"):
-            raise ValueError(f"method must be 'batched' or 'per_layer', got {self.method!r}")
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.wd_units not in WD_UNITS:
+            raise ValueError(f"wd_units must be one of {WD_UNITS}, got {self.wd_units!r}")
+
+
+def _generator(seed: int, key: tuple[int, ...], device: torch.device) -> torch.Generator:
+    h = seed
+    for k in key:
+        h = (h * 1_000_003 + k + 1) % (2**61 - 1)
+    return torch.Generator(device=device).manual_seed(h)
 
 
 def _noise(like: torch.Tensor, seed: int, *key: int) -> torch.Tensor:
     """Standard normal noise of `like`'s shape, a pure function of (seed, key)."""
-    h = seed
-    for k in key:
-        h = (h * 1_000_003 + k + 1) % (2**61 - 1)
-    gen = torch.Generator(device=like.device).manual_seed(h)
-    return torch.randn(like.shape, generator=gen, device=like.device, dtype=torch.float32)
+    return torch.randn(like.shape, generator=_generator(seed, key, like.device), device=like.device,
+                       dtype=torch.float32)
 
 
 def _run(model, batch, loss_fn, seed: int, hooks: Iterable[tuple[nn.Module, str, object]]):
@@ -93,15 +140,49 @@ def _run(model, batch, loss_fn, seed: int, hooks: Iterable[tuple[nn.Module, str,
             h.remove()
 
 
+def _fisher_curvature(model, layers: Mapping[str, nn.Linear], batch, logits_fn: LogitsFn, rec: Recording,
+                      config: DivergenceConfig, seed: int) -> tuple[dict[str, float], dict[str, float]]:
+    names = list(layers)
+    outputs = {}
+
+    def keep(name):
+        def hook(mod, args, out):
+            outputs[name] = out
+        return hook
+
+    logits = _run(model, batch, logits_fn, seed, [(layers[n], "forward", keep(n)) for n in names])
+    logits = logits.reshape(-1, logits.shape[-1]).float()
+    probs = logits.detach().softmax(-1)
+    positions = logits.shape[0]
+    h = {n: 0.0 for n in names}
+    for d in range(config.draws):
+        labels = torch.multinomial(probs, 1, generator=_generator(config.seed, (d,), probs.device)).squeeze(1)
+        loss = F.cross_entropy(logits, labels)
+        grads = torch.autograd.grad(loss, [outputs[n] for n in names], retain_graph=d + 1 < config.draws,
+                                    allow_unused=True)
+        for n, g in zip(names, grads):
+            sq = float(g.float().pow(2).sum()) if g is not None else 0.0
+            h[n] += rec.layers[n].out_rms ** 2 * positions * sq / 2 / config.draws
+    return h, {"curvature_sum": sum(h.values()), "ld_fisher": 1.0}
+
+
 def loss_curvature(model, layers: Mapping[str, nn.Linear], batch, loss_fn: LossFn, rec: Recording,
-                   config: DivergenceConfig, seed: int) -> tuple[dict[str, float], dict[str, float]]:
+                   config: DivergenceConfig, seed: int, logits_fn: LogitsFn | None = None
+                   ) -> tuple[dict[str, float], dict[str, float]]:
     """({layer: h_l}, diagnostics), see the module docstring."""
+    method = config.method
+    if method == "auto":
+        method = "fisher" if logits_fn is not None else "batched"
+    if method == "fisher":
+        if logits_fn is None:
+            raise ValueError("method 'fisher' needs the model's logits: pass logits_fn=(model, batch) -> logits")
+        return _fisher_curvature(model, layers, batch, logits_fn, rec, config, seed)
     names = list(layers)
     rms = {n: rec.layers[n].out_rms for n in names}
     sigma = config.sigma
     h = {n: 0.0 for n in names}
-    diag = {}
-    if config.method == "per_layer":
+    diag = {"ld_fisher": 0.0}
+    if method == "per_layer":
         with torch.no_grad():
             for i, name in enumerate(names):
                 for d in range(config.draws):
@@ -139,23 +220,30 @@ def loss_curvature(model, layers: Mapping[str, nn.Linear], batch, loss_fn: LossF
     return h, diag
 
 
+def _metric(rec: Recording, units: str) -> tuple[dict[nn.Parameter, torch.Tensor], float]:
+    """The per-entry weight M of gradient noise in WD ({parameter: M}) and the normaliser it is divided by."""
+    pre = rec.preconditioner
+    if units == "loss":
+        return pre.excess_loss_weight, 1.0
+    if not pre.update_sq_norm > 0:
+        raise FloatingPointError("the clean Adam update is zero; weight divergence is undefined")
+    return {p: s.pow(2) for p, s in pre.scale.items()}, pre.update_sq_norm
+
+
 def weight_sensitivity(model, layers: Mapping[str, nn.Linear], batch, loss_fn: LossFn, rec: Recording,
                        grad_in_rms: Mapping[str, float], config: DivergenceConfig, seed: int
                        ) -> tuple[dict[str, float], dict[str, float]]:
     """({layer: s_dgrad}, {layer: s_wgrad}), see the module docstring."""
-    pre = rec.preconditioner
-    u2 = pre.update_sq_norm
-    if not u2 > 0:
-        raise FloatingPointError("the clean Adam update is zero; weight divergence is undefined")
+    metric, norm = _metric(rec, config.wd_units)
     names = list(layers)
     s_wgrad = {}
     for n in names:
         w = layers[n].weight
-        if w in pre.scale:
-            s_wgrad[n] = float(rec.layers[n].weight_grad.pow(2).mean() * pre.scale[w].pow(2).sum()) / u2
+        if w in metric:
+            s_wgrad[n] = float(rec.layers[n].weight_grad.pow(2).mean() * metric[w].sum()) / norm
         else:  # not trained by the optimizer: its update cannot change
             s_wgrad[n] = 0.0
-    params = list(pre.scale)
+    params = list(metric)
     acc = {n: 0.0 for n in names}
     if config.method == "per_layer":
         inputs = {}
@@ -171,44 +259,48 @@ def weight_sensitivity(model, layers: Mapping[str, nn.Linear], batch, loss_fn: L
             for d in range(config.draws):
                 dg = torch.autograd.grad(inputs[n], params, grad_outputs=_noise(inputs[n], config.seed, d, i).to(
                     inputs[n].dtype), retain_graph=True, allow_unused=True)
-                acc[n] += sum(float((pre.scale[p] * g.float()).pow(2).sum()) for p, g in zip(params, dg)
+                acc[n] += sum(float((metric[p] * g.float().pow(2)).sum()) for p, g in zip(params, dg)
                               if g is not None) / config.draws
     else:
         theta0 = [p.detach().clone() for p in params]
         theta_norm = float(torch.sqrt(sum(t.float().pow(2).sum() for t in theta0)))
         try:
             for d in range(config.draws):
-                dirs = [pre.scale[p] * _noise(p, config.seed, d, j) * (rec.grads[p] != 0) for j, p in enumerate(params)]
+                dirs = [metric[p].sqrt() * _noise(p, config.seed, d, j) * (rec.grads[p] != 0)
+                        for j, p in enumerate(params)]
                 dir_norm = float(torch.sqrt(sum(v.pow(2).sum() for v in dirs)))
+                if dir_norm == 0:
+                    continue
                 step = config.param_step * theta_norm / dir_norm
-                plus = {}
 
-                def grab(name, store):
+                def grab(name):
+                    r = rec.layers[name]
+                    scale = r.shape.tokens / r.rows.numel()  # the sampled rows stand for all M rows
+
                     def hook(mod, args):
-                        x = args[0].detach().float()
-                        if store:
-                            plus[name] = x
-                        else:
-                            acc[name] += float((plus.pop(name) - x).pow(2).sum()) / (2 * step) ** 2 / config.draws
+                        x = args[0].detach().reshape(-1, mod.in_features)[r.rows].float()
+                        acc[name] += scale * float((x - r.x).pow(2).sum()) / step**2 / config.draws
                     return hook
 
-                for sign in (1.0, -1.0):
-                    with torch.no_grad():
-                        for p, t0, v in zip(params, theta0, dirs):
-                            p.copy_(t0 + (sign * step * v).to(t0.dtype))
-                        _run(model, batch, loss_fn, seed, [(layers[n], "pre", grab(n, sign > 0)) for n in names])
+                with torch.no_grad():
+                    for p, t0, v in zip(params, theta0, dirs):
+                        p.copy_(t0 + (step * v).to(t0.dtype))
+                    _run(model, batch, loss_fn, seed, [(layers[n], "pre", grab(n)) for n in names])
         finally:
             with torch.no_grad():
                 for p, t0 in zip(params, theta0):
                     p.copy_(t0)
-    s_dgrad = {n: grad_in_rms[n] ** 2 * acc[n] / u2 for n in names}
+    s_dgrad = {n: grad_in_rms[n] ** 2 * acc[n] / norm for n in names}
     return s_dgrad, s_wgrad
 
 
 def measure(model: nn.Module, layers: Mapping[str, nn.Linear], optimizer: torch.optim.Optimizer | None, batch,
             loss_fn: LossFn, candidates: Iterable[str], stats_config: StatsConfig = StatsConfig(),
-            config: DivergenceConfig = DivergenceConfig(), step: int | None = None) -> PlannerStats:
-    """Statistics -> quantization errors -> LD and WD sensitivities for every layer in `layers`."""
+            config: DivergenceConfig = DivergenceConfig(), step: int | None = None,
+            logits_fn: LogitsFn | None = None, gradient_noise: bool = False) -> PlannerStats:
+    """Statistics -> quantization errors -> LD and WD sensitivities for every layer in `layers`.
+    `logits_fn` enables the Fisher loss curvature (DivergenceConfig.method "auto" / "fisher");
+    `gradient_noise` adds diagnostics["gradient_noise_loss"] (stats.gradient_noise_loss, a tensor batch)."""
     candidates = tuple(candidates)
     seed = stats_config.seed
     times = {}
@@ -219,9 +311,10 @@ def measure(model: nn.Module, layers: Mapping[str, nn.Linear], optimizer: torch.
     errors = {n: gemm_errors(r, candidates, seed) for n, r in rec.layers.items()}
     grad_in_rms = {n: float((r.dy @ r.weight.float()).pow(2).mean().sqrt()) for n, r in rec.layers.items()}
     times["time_errors_s"] = time.perf_counter() - t
+    noise = gradient_noise_loss(model, layers, batch, loss_fn, rec, seed) if gradient_noise else None
     with high_precision(layers):
         t = time.perf_counter()
-        curvature, diag = loss_curvature(model, layers, batch, loss_fn, rec, config, seed)
+        curvature, diag = loss_curvature(model, layers, batch, loss_fn, rec, config, seed, logits_fn)
         times["time_loss_divergence_s"] = time.perf_counter() - t
         t = time.perf_counter()
         s_dgrad, s_wgrad = weight_sensitivity(model, layers, batch, loss_fn, rec, grad_in_rms, config, seed)
@@ -234,4 +327,8 @@ def measure(model: nn.Module, layers: Mapping[str, nn.Linear], optimizer: torch.
             s_dgrad=s_dgrad[n], s_wgrad=s_wgrad[n], errors=errors[n]))
     diag.update(times)
     diag["sampled_rows"] = float(next(iter(rec.layers.values())).x.shape[0])
-    return PlannerStats(tuple(out), rec.loss, step, rec.preconditioner.source, diag)
+    if noise is not None:
+        diag["gradient_noise_loss"] = noise
+    if not all(math.isfinite(v) for v in curvature.values()):
+        raise FloatingPointError("a loss curvature estimate is not finite")
+    return PlannerStats(tuple(out), rec.loss, step, rec.preconditioner.source, diag, config.wd_units)

@@ -48,15 +48,19 @@ from .exact import NODE_LIMIT, Certificate, Knapsack, fill, relax, search
 from .plan import Plan
 from .stats import LayerStats, PlannerStats
 
-__all__ = ["DEFAULT_LAMBDA", "InfeasibleBudget", "solve", "make_plan", "gemm_objective", "plan_objective",
+__all__ = ["DEFAULT_LAMBDA", "OBJECTIVE_TERMS", "InfeasibleBudget", "Objective", "solve", "make_plan", "gemm_objective", "plan_objective",
            "validate_candidates", "stage_groups"]
 
 
-# LD/L is a relative loss increase, WD a relative squared change of the Adam update: different units.
-# 1e-3 is calibrated on the tiny model (bench/results/cpu-planner-validity.md: Spearman with the measured
-# loss increase 0.62 at 1e-3, 0.30 at 1e-2, -0.16 at 1; cpu-planner-quality.md: lambda 1e-3, 1e-2 and 1
-# all beat every baseline). It depends on model, optimizer and horizon: treat it as a hyperparameter.
-DEFAULT_LAMBDA = 1e-3
+OBJECTIVE_TERMS = ("ld+wd", "ld", "wd")
+
+# An objective term: (layer statistics, GEMM, precision) -> its cost in the ILP's objective.
+Objective = Callable[[LayerStats, str, str], float]
+
+# With WD in loss units (PlannerStats.wd_units "loss", the default) both terms are loss increases relative
+# to L and lambda = 1 weighs them as the loss model says (divergence.py). Statistics in the earlier
+# "update" units (a relative squared change of the Adam update) need their own lambda, ~1e-3 on the tiny model.
+DEFAULT_LAMBDA = 1.0
 
 # CBC's branch-and-bound nodes. Within 10, CBC's plan was already optimal on 394 of 400 random instances
 # (5 to 160 layers), and the exact search repaired the other 6; uncapped, CBC proved every plan itself but
@@ -91,15 +95,20 @@ def validate_candidates(candidates: Sequence[str], stats: PlannerStats | None = 
     return names
 
 
-def gemm_objective(s: LayerStats, gemm: str, precision: str, loss: float, lam: float) -> float:
-    """The objective term of one GEMM of one layer in `precision` (0 for bf16)."""
+def gemm_objective(s: LayerStats, gemm: str, precision: str, loss: float, lam: float, wd_units: str = "loss",
+                   terms: str = "ld+wd") -> float:
+    """The objective term of one GEMM of one layer in `precision` (0 for bf16): LD / L on fprop, lambda WD / L
+    (loss units) or lambda WD (update units) on dgrad and wgrad. `terms` "ld" or "wd" keeps one of them
+    (the ablation of OBJECTIVE_TERMS)."""
     if recipe(precision).is_bf16:
         return 0.0
     if precision not in s.errors:
         raise KeyError(f"no measured errors for {precision!r} on {s.name}")
     if gemm == "fprop":
-        return s.ld(precision) / loss
-    return lam * s.wd(precision, gemm)
+        return s.ld(precision) / loss if "ld" in terms.split("+") else 0.0
+    if "wd" not in terms.split("+"):
+        return 0.0
+    return lam * s.wd(precision, gemm) / (loss if wd_units == "loss" else 1.0)
 
 
 def plan_objective(assignment: Mapping[tuple[str, str], str], stats: PlannerStats, lam: float) -> dict[str, float]:
@@ -107,12 +116,12 @@ def plan_objective(assignment: Mapping[tuple[str, str], str], stats: PlannerStat
     ld = wd = 0.0
     for s in stats.layers:
         for g in GEMMS:
-            term = gemm_objective(s, g, assignment[(s.name, g)], stats.loss, lam)
+            term = gemm_objective(s, g, assignment[(s.name, g)], stats.loss, lam, stats.wd_units)
             if g == "fprop":
                 ld += term
             else:
                 wd += term / lam if lam else 0.0
-    return {"objective": ld + lam * wd, "ld_over_loss": ld, "wd": wd}
+    return {"objective": ld + lam * wd, "ld_over_loss": ld, "wd": wd}  # wd: WD / L in loss units
 
 
 def stage_groups(names: Sequence[str], stages: Mapping[str, int] | Callable[[str], int] | None) -> dict[int, list[str]]:
@@ -191,7 +200,7 @@ class _Problem:
         return self.budget.satisfied_by(self.metrics(st, choice))
 
 
-def _formulate(stats: PlannerStats, budget: Budget, candidates: tuple[str, ...], lam: float, granularity: str,
+def _formulate(stats: PlannerStats, budget: Budget, candidates: tuple[str, ...], term: Objective, granularity: str,
                pins: Mapping[str, LinearPrecision], groups: dict[int, list[str]],
                shapes: Mapping[str, LayerShape]) -> _Problem:
     """Per stage, a knapsack with the budget as `weight <= capacity`: the weight is the FLOPs not in FP4
@@ -213,7 +222,7 @@ def _formulate(stats: PlannerStats, budget: Budget, candidates: tuple[str, ...],
         units += ([_Unit(n, (g,)) for n in free for g in GEMMS] if granularity == "gemm"
                   else [_Unit(n, GEMMS) for n in free])
         mine = units[first:]
-        values = tuple(tuple(sum(gemm_objective(by_name[u.layer], g, p, stats.loss, lam) for g in u.gemms)
+        values = tuple(tuple(sum(term(by_name[u.layer], g, p) for g in u.gemms)
                              for p in candidates) for u in mine)
         weights = tuple(tuple(sum(weight(u.layer, g, p) for g in u.gemms) for p in candidates) for u in mine)
         norm = sum(gemm_flops(shapes[n], g) if fp4_budget else weight(n, g, "bf16") for n in names for g in GEMMS)
@@ -304,8 +313,14 @@ def _solve_exact(problem: _Problem, time_limit: float | None) -> tuple[dict[int,
 def solve(stats: PlannerStats, budget: Budget, candidates: Sequence[str] = ("fp8", "fp4"), *,
           lam: float = DEFAULT_LAMBDA, granularity: str = "layer", pinned: Mapping[str, object] | None = None,
           stages: Mapping[str, int] | Callable[[str], int] | None = None, tokens: int | None = None,
-          time_limit: float | None = None) -> Plan:
+          time_limit: float | None = None, objective: Objective | None = None, method: str = "snip",
+          terms: str = "ld+wd") -> Plan:
     """The plan of minimum sum LD/L + lam WD within `budget` (see the module docstring).
+
+    `objective(layer_stats, gemm, precision)` replaces that objective's per-GEMM term: the baselines
+    (planner.baselines) solve their heuristic scores this way, under the same budget and solver, and
+    name the plan `method`. `terms` ("ld+wd", "ld" or "wd", OBJECTIVE_TERMS) drops one of SNIP's two terms
+    (an ablation). The plan's "objective" metric is always SNIP's full objective.
 
     `tokens` overrides the M of every layer (tokens of one training step, for measured costs, when the
     calibration batch is smaller than a training batch). `time_limit` (seconds) bounds CBC; the exact
@@ -316,6 +331,8 @@ def solve(stats: PlannerStats, budget: Budget, candidates: Sequence[str] = ("fp8
         raise ValueError(f"granularity must be 'layer' or 'gemm', got {granularity!r}")
     if not lam >= 0:
         raise ValueError(f"lambda must be >= 0, got {lam}")
+    if terms not in OBJECTIVE_TERMS:
+        raise ValueError(f"terms must be one of {OBJECTIVE_TERMS}, got {terms!r}")
     candidates = validate_candidates(candidates, stats)
     if budget.kind == "fp4_fraction" and budget.value > 0 and not any(is_fp4(c) for c in candidates):
         raise InfeasibleBudget(f"budget '{budget.describe()}' needs a 4-bit candidate; got {list(candidates)}", 0.0)
@@ -323,7 +340,8 @@ def solve(stats: PlannerStats, budget: Budget, candidates: Sequence[str] = ("fp8
     shapes = {s.name: s.shape if tokens is None else
               LayerShape(s.name, s.shape.in_features, s.shape.out_features, tokens) for s in stats.layers}
     pins = _pins(names, pinned, set(candidates) | {"bf16"})
-    problem = _formulate(stats, budget, candidates, lam, granularity, pins, stage_groups(names, stages), shapes)
+    term = objective or partial(gemm_objective, loss=stats.loss, lam=lam, wd_units=stats.wd_units, terms=terms)
+    problem = _formulate(stats, budget, candidates, term, granularity, pins, stage_groups(names, stages), shapes)
     _check_feasible(problem, stages is not None)
     results, binaries = _solve_exact(problem, time_limit)
     choice = {}
@@ -337,7 +355,7 @@ def solve(stats: PlannerStats, budget: Budget, candidates: Sequence[str] = ("fp8
                       stacklevel=2)
     cbc_suboptimal = any(r.cbc_open and (r.cbc_value is None or r.certificate.value < r.cbc_value)
                          for r in results.values())
-    return make_plan(choice, names, stats, budget, candidates, lam, granularity, shapes, "snip",
+    return make_plan(choice, names, stats, budget, candidates, lam, granularity, shapes, method,
                      {"certified_optimal": float(certified), "optimality_gap": gap, "cbc_binaries": float(binaries),
                       "search_nodes": float(sum(r.certificate.nodes for r in results.values())),
                       "cbc_suboptimal": float(cbc_suboptimal), "solve_time_s": time.perf_counter() - t0})

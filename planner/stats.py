@@ -34,10 +34,11 @@ from .cost import LayerShape
 
 __all__ = [
     "StatsConfig", "LayerRecording", "Preconditioner", "Recording", "record", "adam_preconditioner",
-    "high_precision", "isolated_rng", "LayerStats", "PlannerStats",
+    "high_precision", "isolated_rng", "gradient_noise_loss", "LayerStats", "PlannerStats", "WD_UNITS",
 ]
 
 LossFn = Callable[[nn.Module, object], torch.Tensor]
+WD_UNITS = ("loss", "update")
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,15 @@ class StatsConfig:
     max_rows: int = 128                    # token rows sampled per layer (128: one full wgrad block)
     memory_cap_bytes: int = 256 * 2**20    # cap on all recorded operand samples together (float32)
     seed: int = 0                          # row sampling and the RNG of every measurement pass
+    default_lr: float = 1e-3               # the learning rate the weight divergence assumes without an optimizer
 
     def __post_init__(self):
         if self.max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {self.max_rows}")
         if self.memory_cap_bytes <= 0:
             raise ValueError(f"memory_cap_bytes must be > 0, got {self.memory_cap_bytes}")
+        if not self.default_lr > 0:
+            raise ValueError(f"default_lr must be > 0, got {self.default_lr}")
 
     def rows_per_layer(self, layers: Mapping[str, nn.Linear]) -> int:
         """Rows sampled per layer: max_rows, reduced so that all x and dy samples fit the memory cap."""
@@ -71,6 +75,7 @@ class LayerRecording:
 
     shape: LayerShape
     x: torch.Tensor            # [rows, K] float32 sample of the input
+    rows: torch.Tensor         # the sampled row indices into the flattened [M, K] input
     dy: torch.Tensor           # [rows, N] float32 sample of the output gradient (same rows)
     weight: torch.Tensor       # [N, K] the weight (detached, not copied)
     out_rms: float             # RMS of y over the whole batch
@@ -89,11 +94,17 @@ class Preconditioner:
     response to g, is of the same order when beta2 is not close to 1 (0.95 here) and is kept so that
     scale * delta_g is the first-order change of the update. `update_sq_norm` is ||u||^2 over all
     parameters, the clean update (weight decay excluded: it does not depend on gradients).
+
+    `excess_loss_weight[p]` is lr / (4 (sqrt(v_hat) + eps)) elementwise: gradient noise of variance
+    s_i on parameter i raises the training loss, once the optimizer has settled with it, by
+    sum_i excess_loss_weight_i s_i (divergence.py, "Weight divergence"). lr is the parameter group's
+    current learning rate, or `default_lr` without an optimizer.
     """
 
     scale: dict[nn.Parameter, torch.Tensor]
     update_sq_norm: float
     source: str
+    excess_loss_weight: dict[nn.Parameter, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -133,20 +144,21 @@ def _rms(t: torch.Tensor) -> float:
 
 
 def adam_preconditioner(optimizer: torch.optim.Optimizer | None,
-                        grads: Mapping[nn.Parameter, torch.Tensor]) -> Preconditioner:
+                        grads: Mapping[nn.Parameter, torch.Tensor], default_lr: float = 1e-3) -> Preconditioner:
     """The preconditioner of the update the optimizer will take next with gradients `grads`.
 
     Reads Adam/AdamW state (`exp_avg`, `exp_avg_sq` or `max_exp_avg_sq`, `step`, the group's betas
     and eps). Parameters without that state (step 0, or an optimizer that is not Adam-like) use the
     gradient's own per-tensor second moment, v_hat = mean(g^2) held fixed, m_hat = g (Adam's literal
     first step, g / (|g| + eps), is a sign function whose derivative is ~0); `source` says which.
+    Without an optimizer the learning rate of `excess_loss_weight` is `default_lr`.
     """
     groups = {}
     if optimizer is not None:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 groups[p] = group
-    scale, total, fallback = {}, 0.0, 0
+    scale, weight, total, fallback = {}, {}, 0.0, 0
     for p, g in grads.items():
         if optimizer is not None and p not in groups:
             continue  # not trained by this optimizer: its update cannot change
@@ -169,6 +181,7 @@ def adam_preconditioner(optimizer: torch.optim.Optimizer | None,
             denom = g.pow(2).mean().sqrt() + eps
             m_hat = g
             scale[p] = (1.0 / denom).expand_as(g)
+        weight[p] = (float(group.get("lr", default_lr)) / 4 / denom).expand_as(g)
         total += float((m_hat / denom).pow(2).sum())
     if not scale:
         raise ValueError("no parameter of the optimizer received a gradient in the statistics pass")
@@ -178,7 +191,7 @@ def adam_preconditioner(optimizer: torch.optim.Optimizer | None,
         source = "gradient second moment per tensor (the optimizer has no Adam state yet)"
     else:
         source = f"adam state; {fallback} of {len(scale)} tensors without state use their gradient second moment"
-    return Preconditioner(scale, total, source)
+    return Preconditioner(scale, total, source, weight)
 
 
 def record(model: nn.Module, layers: Mapping[str, nn.Linear], batch, loss_fn: LossFn,
@@ -198,7 +211,7 @@ def record(model: nn.Module, layers: Mapping[str, nn.Linear], batch, loss_fn: Lo
             idx = torch.randperm(x.shape[0], generator=gen)[:rows].sort().values.to(x.device)
             recs[name] = LayerRecording(
                 LayerShape(name, mod.in_features, mod.out_features, x.shape[0]),
-                x[idx].float().clone(), torch.empty(0), mod.weight.detach(), _rms(out), 0.0, torch.empty(0))
+                x[idx].float().clone(), idx, torch.empty(0), mod.weight.detach(), _rms(out), 0.0, torch.empty(0))
 
             def grad_hook(g):
                 dy = g.detach().reshape(-1, mod.out_features)
@@ -228,7 +241,25 @@ def record(model: nn.Module, layers: Mapping[str, nn.Linear], batch, loss_fn: Lo
     loss = float(loss.detach())
     if not math.isfinite(loss):
         raise FloatingPointError(f"the calibration loss is {loss}; cannot plan from a non-finite loss")
-    return Recording(loss, recs, grad_of, adam_preconditioner(optimizer, grad_of))
+    return Recording(loss, recs, grad_of, adam_preconditioner(optimizer, grad_of, config.default_lr))
+
+
+def gradient_noise_loss(model: nn.Module, layers: Mapping[str, nn.Linear], batch: torch.Tensor, loss_fn: LossFn,
+                        rec: Recording, seed: int) -> float:
+    """The excess loss the minibatch gradient's own noise costs the optimizer, sum_i c_i Var(g_i)
+    (c = Preconditioner.excess_loss_weight, divergence.py "Weight divergence"), with the variance of the
+    batch-mean gradient estimated from the first half batch: for halves a, b and g = (g_a + g_b) / 2,
+    E (g_a - g)^2 = E (g_a - g_b)^2 / 4 = Var(g). One forward/backward of half the batch, in high precision."""
+    weights = rec.preconditioner.excess_loss_weight
+    params = list(weights)
+    device = next(iter(layers.values())).weight.device
+    with high_precision(layers), isolated_rng(seed, device):
+        grads = torch.autograd.grad(loss_fn(model, batch[: batch.shape[0] // 2]), params, allow_unused=True)
+    total = 0.0
+    for p, g in zip(params, grads):
+        if g is not None:
+            total += float((weights[p] * (g.detach().float() - rec.grads[p].float()).pow(2)).sum())
+    return total
 
 
 @dataclass(frozen=True)
@@ -241,7 +272,7 @@ class LayerStats:
     grad_in_rms: float      # RMS of this layer's dgrad output dx = dy w
     weight_grad_rms: float  # RMS of dW
     curvature: float        # h_l: loss increase per unit relative output noise energy (§4.3)
-    s_dgrad: float          # relative update change per unit relative dgrad noise energy (§4.4)
+    s_dgrad: float          # WD per unit relative dgrad noise energy (§4.4; units: PlannerStats.wd_units)
     s_wgrad: float          # same for wgrad noise
     errors: Mapping[str, Mapping[str, float]]  # precision -> GEMM -> relative squared error (§4.2)
 
@@ -286,11 +317,14 @@ class PlannerStats:
     step: int | None = None
     preconditioner: str = ""
     diagnostics: Mapping[str, float] = field(default_factory=dict)
+    wd_units: str = "loss"  # "loss": WD is an excess training loss; "update": a relative update change
 
     def __post_init__(self):
         names = [s.name for s in self.layers]
         if len(set(names)) != len(names):
             raise ValueError("duplicate layer names in the statistics")
+        if self.wd_units not in WD_UNITS:
+            raise ValueError(f"wd_units must be one of {WD_UNITS}, got {self.wd_units!r}")
 
     def by_name(self) -> dict[str, LayerStats]:
         return {s.name: s for s in self.layers}
@@ -302,9 +336,11 @@ class PlannerStats:
 
     def to_json(self) -> dict:
         return {"loss": self.loss, "step": self.step, "preconditioner": self.preconditioner,
-                "diagnostics": dict(self.diagnostics), "layers": [s.to_json() for s in self.layers]}
+                "diagnostics": dict(self.diagnostics), "wd_units": self.wd_units,
+                "layers": [s.to_json() for s in self.layers]}
 
     @classmethod
     def from_json(cls, obj: Mapping) -> "PlannerStats":
         return cls(tuple(LayerStats.from_json(s) for s in obj["layers"]), float(obj["loss"]), obj.get("step"),
-                   obj.get("preconditioner", ""), dict(obj.get("diagnostics", {})))
+                   obj.get("preconditioner", ""), dict(obj.get("diagnostics", {})),
+                   obj.get("wd_units", "update"))  # statistics written before loss units existed

@@ -443,3 +443,34 @@ def test_measured_cost_budget_in_the_ilp():
     plan = solve(stats, Budget.relative_cost(0.65, table), ("fp8", "fp4"))
     assert plan.metrics["relative_cost"] <= 0.65 + 1e-12
     assert plan.budget["cost_model"] == "measured"
+
+
+def test_objective_terms_ablation():
+    """terms="ld" is lambda 0; terms="wd" ignores the curvature; an `objective` replaces the terms."""
+    stats = synthetic_stats(8, 3)
+    budget = Budget.fp4_fraction(0.5)
+    assert solve(stats, budget, terms="ld").precisions == solve(stats, budget, lam=0.0).precisions
+    flat = replace(stats, layers=tuple(replace(s, curvature=0.0) for s in stats.layers))
+    wd_only = solve(stats, budget, terms="wd")
+    assert wd_only.precisions == solve(flat, budget).precisions
+    assert wd_only.metrics["objective"] == plan_objective(wd_only.assignment(), stats, 1.0)["objective"]
+    custom = solve(stats, budget, objective=lambda s, g, p: s.errors[p][g], method="errors")
+    assert custom.method == "errors" and budget.satisfied_by(plan_metrics_of(custom, stats))
+    with pytest.raises(ValueError, match="terms"):
+        solve(stats, budget, terms="wd+ld")
+
+
+def plan_metrics_of(plan, stats):
+    from planner.cost import plan_metrics
+    return plan_metrics(plan.assignment(), {s.name: s.shape for s in stats.layers})
+
+
+def test_wd_units_scale_the_objective():
+    """In loss units WD enters as lambda WD / L; in update units as lambda WD."""
+    stats = synthetic_stats(1, 4)
+    s = stats.layers[0]
+    loss_units = gemm_objective(s, "wgrad", "fp4", stats.loss, 2.0)
+    update_units = gemm_objective(s, "wgrad", "fp4", stats.loss, 2.0, wd_units="update")
+    assert loss_units == 2.0 * s.wd("fp4", "wgrad") / stats.loss and update_units == 2.0 * s.wd("fp4", "wgrad")
+    old = PlannerStats.from_json({k: v for k, v in stats.to_json().items() if k != "wd_units"})
+    assert old.wd_units == "update" and PlannerStats.from_json(stats.to_json()).wd_units == "loss"
