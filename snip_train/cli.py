@@ -11,7 +11,6 @@ code: ``train`` (here, with the planner flags of ``planning``), ``sweep`` (``sta
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import sys
 import time
@@ -51,7 +50,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     g = p.add_argument_group("model and optimisation")
     g.add_argument("--preset", default=d.preset, choices=sorted(PRESETS), help="model size (default: %(default)s)")
-    g.add_argument("--steps", type=int, default=d.steps, help="training steps (default: %(default)s)")
+    g.add_argument("--steps", type=int, default=d.steps,
+                   help="training steps; with --planner the warm-up and branch steps together, the learning-rate "
+                        "schedule spanning both (default: %(default)s)")
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per step (default: %(default)s)")
     g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's max_seq_len)")
     g.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)")
@@ -94,7 +95,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
 def _run_train(args: argparse.Namespace) -> int:
     import torch
 
-    from .planning import config_from_args, run_comparison
+    from .planning import comparison_from_args, run_comparison
     from .train import TrainConfig, train
 
     if args.threads:
@@ -111,13 +112,11 @@ def _run_train(args: argparse.Namespace) -> int:
         out_dir=out, name=name, save_checkpoint=args.save, deterministic=args.deterministic,
         progress=not args.no_progress, verbose=True,
     )
-    planner_config = config_from_args(args)
-    if planner_config is not None:
-        # bf16 vs SNIP vs a baseline on the same data: plan table, plan JSON, loss curves, heat map.
-        skip = ("prepare_model", "on_setup", "on_step", "out_dir", "name", "precision")
-        fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in skip}
-        runs = run_comparison(out, planner_config, **fields)
-        return 1 if any(r["diverged"] for r in runs.values()) else 0
+    comparison = comparison_from_args(args, cfg.steps)
+    if comparison is not None:
+        # a bf16 warm-up, then bf16, SNIP and the baselines branched from it on the same batches
+        result = run_comparison(out, cfg, comparison)
+        return 1 if any(b["diverged"] for b in result["branches"]) else 0
     s = train(cfg)
     init = s["initial_val_loss"]
     val = s["final_val_loss"]

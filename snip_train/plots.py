@@ -1,7 +1,8 @@
 """Every picture snip draws: PNGs on a matplotlib Agg canvas (no display, no global backend switch).
 
 * `plot_losses`: one run's training (raw and smoothed) and validation loss;
-* `plot_loss_comparison`: validation (and smoothed training) loss of several runs on one axis;
+* `plot_branch_gaps`: the paired comparison's validation-loss gap of each method to the bf16 branch over
+  the branch steps, mean and range over seeds;
 * `plot_plan_heatmap`: a plan's layer x GEMM -> format, next to each layer's LD/L and lambda*WD for the
   lowest-precision candidate (why the ILP kept or lowered it);
 * `plot_sweep_heatmaps`: a stability sweep's precision x learning rate, the divergence rate over seeds
@@ -18,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from snip_ops.formats import GEMMS
 
-__all__ = ["ema", "plot_losses", "plot_loss_comparison", "plot_plan_heatmap", "plot_sweep_heatmaps",
+__all__ = ["ema", "plot_losses", "plot_branch_gaps", "plot_plan_heatmap", "plot_sweep_heatmaps",
            "plot_sweep_sharpness", "FORMAT_ORDER"]
 
 # High to low precision; colours go from light (bf16) to dark red (4-bit).
@@ -119,24 +120,24 @@ def plot_plan_heatmap(plan, path: str | os.PathLike, title: str | None = None) -
     fig.savefig(os.fspath(path))
 
 
-def plot_loss_comparison(path: str | os.PathLike, runs: Mapping[str, Mapping], title: str | None = None,
-                         smooth: float = 0.1) -> None:
-    """`runs`: {label: snip_train summary dict (its "history")}; draws val loss and the train-loss EMA."""
+def plot_branch_gaps(path: str | os.PathLike, curves: Mapping[str, tuple[Sequence[int], Sequence[Sequence[float]]]],
+                     title: str | None = None) -> None:
+    """`curves`: {method: (evaluation steps, [validation-loss gap to the bf16 branch at those steps, per
+    seed])}; draws each method's mean gap over seeds and, with several seeds, their range (a seed's curve
+    may be shorter: its branch diverged)."""
     fig = _figure(7.5, 4.4)
     ax = fig.add_subplot(1, 1, 1)
-    finite: list[float] = []
-    for i, (label, summary) in enumerate(runs.items()):
-        color = f"C{i}"
-        hist = summary["history"]
-        steps, loss = hist["train"]["step"], hist["train"]["loss"]
-        ax.plot(steps, ema(loss, smooth), color=color, lw=1.2, alpha=0.6)
-        vs, vl = hist["val"]["step"], hist["val"]["loss"]
-        ax.plot(vs, vl, "o-", color=color, lw=1.6, ms=3, label=f"{label} (val {vl[-1]:.3f})" if vl else label)
-        finite += [v for v in list(loss) + list(vl) if v is not None and math.isfinite(v)]
-    if finite:
-        lo = min(finite)
-        ax.set_ylim(max(0.0, lo - 0.1), min(max(finite), lo + 2.5) + 0.1)
-    _save_loss_axes(fig, ax, "loss (nats / token); line: train EMA, dots: validation", title, 9, path)
+    ax.axhline(0.0, color="black", lw=0.8, label="bf16 branch")
+    for i, (label, (steps, per_seed)) in enumerate(curves.items()):
+        n = min(len(gaps) for gaps in per_seed)
+        columns = [[gaps[k] for gaps in per_seed] for k in range(n)]
+        mean = [sum(c) / len(c) for c in columns]
+        ax.plot(steps[:n], mean, "o-", color=f"C{i}", lw=1.5, ms=3,
+                label=f"{label} ({mean[-1]:+.4f})" if mean else label)
+        if len(per_seed) > 1:
+            ax.fill_between(steps[:n], [min(c) for c in columns], [max(c) for c in columns], color=f"C{i}",
+                            alpha=0.15, lw=0)
+    _save_loss_axes(fig, ax, "validation loss - bf16 branch's (nats / token)", title, 9, path)
 
 
 def plot_sweep_heatmaps(summary: dict[str, Any], path: str | os.PathLike, title: str | None = None) -> None:

@@ -1,5 +1,13 @@
 """The training loop: ``train(TrainConfig(...)) -> summary dict``.
 
+A run can stop early and hand back its state, and another run can start from such a state
+(``snip_train.state.TrainState``): ``train(cfg, stop_at=W)["state"]`` and ``train(cfg, start=state)``.
+``cfg.steps`` is always the length of the whole run: the learning-rate schedule and the evaluation
+steps are defined over it, so a run started from the state of step W is, bit for bit, the rest of the
+uninterrupted run of the same config. Evaluation leaves no trace on the training run (it does not
+advance the layers' stochastic-rounding counters), so the training trajectory does not depend on when,
+or how often, the run is evaluated.
+
 Precision is chosen by ``TrainConfig.precision``:
 
 * ``"bf16"``        -- plain ``nn.Linear`` (bf16 autocast on GPU, float32 on CPU);
@@ -20,6 +28,7 @@ Hook points (for the planner):
 * ``on_step(step, model, batch)``     before every training step (0-based ``step``; ``batch`` is the
                                       int64 [B, T+1] window tensor on the device). Precision changes
                                       made here apply to that step.
+* ``on_loss(step, loss)``             after every training step, with its training loss (a float).
 """
 
 from __future__ import annotations
@@ -42,9 +51,10 @@ from torch import nn
 
 from .data import DEFAULT_MAX_BYTES, TokenData
 from .model import Llama, LlamaConfig
+from .state import TrainState, capture, restore, set_sr_counters, sr_counters
 
 __all__ = ["TrainConfig", "train", "PLAN_PRESETS", "resolve_plan", "apply_precision",
-           "linear_precisions", "resolve_device", "lr_at"]
+           "linear_precisions", "resolve_device", "lr_at", "json_safe"]
 
 PLAN_PRESETS: dict[str, Any] = {
     "bf16": None,
@@ -100,6 +110,7 @@ class TrainConfig:
     prepare_model: Callable[[nn.Module], nn.Module] | None = field(default=None, repr=False)
     on_setup: Callable[[nn.Module, torch.optim.Optimizer], None] | None = field(default=None, repr=False)
     on_step: Callable[[int, nn.Module, torch.Tensor], Any] | None = field(default=None, repr=False)
+    on_loss: Callable[[int, float], Any] | None = field(default=None, repr=False)
 
 
 # ---------------------------------------------------------------------------------------
@@ -212,21 +223,34 @@ def _fmt_params(n: int) -> str:
 
 @torch.no_grad()
 def _evaluate(model: nn.Module, batches: list[torch.Tensor], autocast) -> float:
+    """Mean validation loss. The SR counters are put back afterwards: a low-precision forward advances
+    them, and the training steps must draw the same rounding bits however often the run is evaluated."""
     was_training = model.training
+    counters = sr_counters(model)
     model.eval()
     total = 0.0
     for b in batches:
         with autocast():
             total += float(model.loss(b))
     model.train(was_training)
+    set_sr_counters(model, counters)
     return total / max(1, len(batches))
 
 
 # ---------------------------------------------------------------------------------------
 # the loop
 # ---------------------------------------------------------------------------------------
-def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Train a model as configured; returns (and, with ``out_dir``, writes) the summary."""
+def train(cfg: TrainConfig, *, start: TrainState | None = None, stop_at: int | None = None) -> dict[str, Any]:
+    """Train a model as configured; returns (and, with ``out_dir``, writes) the summary.
+
+    ``start``: continue from this state (steps ``start.step`` .. ``cfg.steps - 1``) instead of step 0.
+    ``stop_at``: stop before step ``stop_at`` and return the state there as ``summary["state"]``
+    (a ``TrainState``; it is not written to summary.json).
+    """
+    stop = cfg.steps if stop_at is None else stop_at
+    if not 0 <= (start.step if start is not None else 0) <= stop <= cfg.steps:
+        raise ValueError(f"a run of {cfg.steps} steps cannot go from step {start.step if start else 0} to step "
+                         f"{stop}")
     t_setup = time.perf_counter()
     log = (lambda *a: print(*a, flush=True)) if cfg.verbose else (lambda *a: None)
     device = resolve_device(cfg.device)
@@ -236,13 +260,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             torch.backends.cudnn.benchmark = False
         torch.use_deterministic_algorithms(True, warn_only=True)
         try:
-            return _train(cfg, device, t_setup, log)
+            return _train(cfg, device, t_setup, log, start, stop, stop_at is not None)
         finally:
             torch.use_deterministic_algorithms(False)
-    return _train(cfg, device, t_setup, log)
+    return _train(cfg, device, t_setup, log, start, stop, stop_at is not None)
 
 
-def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log) -> dict[str, Any]:
+def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: TrainState | None, stop: int,
+           keep_state: bool) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     _seed_everything(cfg.seed)
@@ -285,8 +310,15 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log) -> dict[
 
         opt_kw.pop("fused", None)
         optimizer = SnipAdamW(groups, bf16_sr=cfg.weights == "bf16_sr", seed=cfg.seed, **opt_kw)
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, min(100, cfg.steps // 10))
+    train_gen = torch.Generator().manual_seed(cfg.seed)
+    if start is not None:
+        restore(start, model, optimizer, train_gen)
     if cfg.on_setup is not None:
         cfg.on_setup(model, optimizer)
+    if start is not None:  # after on_setup: a hook may have made more layers low-precision
+        set_sr_counters(model, start.sr_counters)
+    first = start.step if start is not None else 0  # the run trains steps first .. stop - 1
 
     use_amp = (device.type == "cuda" or cfg.weights != "fp32") if cfg.amp is None else bool(cfg.amp)
     amp_dtype = torch.bfloat16
@@ -296,8 +328,6 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log) -> dict[
             return torch.autocast(device_type=device.type, dtype=amp_dtype)
         return contextlib.nullcontext()
 
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, min(100, cfg.steps // 10))
-    train_gen = torch.Generator().manual_seed(cfg.seed)
     eval_gen = torch.Generator().manual_seed(0x5EED)  # the same validation windows for every run
     eval_data = [data.get_batch("val", cfg.batch_size, seq_len, eval_gen).to(device)
                  for _ in range(cfg.eval_batches)]
@@ -314,7 +344,8 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log) -> dict[
         f"({'bf16 autocast' if use_amp else 'float32'})")
     log(f"data: {data.name}, {len(data) / 1e6:.2f}M tokens ({data.num_tokens('train') / 1e6:.2f}M train / "
         f"{data.num_tokens('val') / 1e6:.2f}M val) | batch {cfg.batch_size} x {seq_len} = {tokens_per_step} "
-        f"tokens/step | {cfg.steps} steps, lr {cfg.lr:g}, warmup {warmup}, seed {cfg.seed}")
+        f"tokens/step | {cfg.steps} steps, lr {cfg.lr:g}, warmup {warmup}, seed {cfg.seed}"
+        + (f" | steps {first}..{stop - 1} of them" if (first, stop) != (0, cfg.steps) else ""))
     plan_desc = "none (plain nn.Linear)" if plan is None else json.dumps(_jsonable(plan))
     log(f"precision: {cfg.precision if isinstance(cfg.precision, str) else 'custom'} -> plan {plan_desc} | "
         f"linears: " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
@@ -340,13 +371,12 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log) -> dict[
     t0 = time.perf_counter()
     eval_s = 0.0
     te = time.perf_counter()
-    last_val = run_eval(0)
+    last_val = run_eval(first)
     eval_s += time.perf_counter() - te
 
     diverged = False
-    pbar = tqdm(range(cfg.steps), desc="train", disable=not cfg.progress, dynamic_ncols=True,
+    pbar = tqdm(range(first, stop), desc="train", disable=not cfg.progress, dynamic_ncols=True,
                 mininterval=0.5)
-    step = -1
     for step in pbar:
         lr = lr_at(step, cfg, warmup)
         for g in optimizer.param_groups:
@@ -365,6 +395,8 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log) -> dict[
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         lv = float(loss.detach())
+        if cfg.on_loss is not None:
+            cfg.on_loss(step, lv)
         hist_step.append(step + 1)
         hist_loss.append(lv)
         hist_lr.append(lr)
@@ -373,7 +405,7 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log) -> dict[
             diverged = True
             pbar.set_postfix_str(f"loss={lv} (diverged)")
             break
-        is_last = step + 1 == cfg.steps
+        is_last = step + 1 == stop
         if is_last or (cfg.eval_interval and (step + 1) % cfg.eval_interval == 0):
             te = time.perf_counter()
             last_val = run_eval(step + 1)
@@ -402,6 +434,7 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log) -> dict[
         "linear_precisions": precs,  # at the start; a planner may change them during training
         "final_linear_precisions": linear_precisions(model),
         "precision_counts": counts,
+        "start_step": first,
         "steps": steps_done,
         "tokens_per_step": tokens_per_step,
         "tokens": steps_done * tokens_per_step,
@@ -424,7 +457,7 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log) -> dict[
     if out_dir is not None:
         summary["out_dir"] = str(out_dir)
         with open(out_dir / "summary.json", "w") as f:
-            json.dump(_jsonable_floats(summary), f, indent=2)
+            json.dump(json_safe(summary), f, indent=2)
         from .plots import plot_losses
 
         title = (f"{name} ({_fmt_params(n_params)}), precision {summary['precision'] if isinstance(cfg.precision, str) else 'custom'}"
@@ -433,15 +466,17 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log) -> dict[
         if cfg.save_checkpoint:
             torch.save({"model_config": dataclasses.asdict(mcfg), "model": model.state_dict()},
                        out_dir / "model.pt")
+    if keep_state and not diverged:
+        summary["state"] = capture(stop, model, optimizer, train_gen)  # after summary.json: tensors
     return summary
 
 
-def _jsonable_floats(x: Any) -> Any:
+def json_safe(x: Any) -> Any:
     """NaN / inf are not JSON; write them as null."""
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
-        return {k: _jsonable_floats(v) for k, v in x.items()}
+        return {k: json_safe(v) for k, v in x.items()}
     if isinstance(x, list):
-        return [_jsonable_floats(v) for v in x]
+        return [json_safe(v) for v in x]
     return x

@@ -86,8 +86,11 @@ def test_hooks_are_called():
         calls["steps"].append(step)
         assert batch.shape == (FAST["batch_size"], FAST["seq_len"] + 1) and batch.dtype == torch.int64
 
-    train(TrainConfig(steps=3, eval_interval=0, prepare_model=prepare, on_setup=setup, on_step=on_step, **FAST))
+    losses = []
+    summary = train(TrainConfig(steps=3, eval_interval=0, prepare_model=prepare, on_setup=setup, on_step=on_step,
+                                on_loss=lambda step, loss: losses.append((step, loss)), **FAST))
     assert calls == {"prepare": 1, "setup": 1, "steps": [0, 1, 2]}
+    assert losses == list(enumerate(summary["history"]["train"]["loss"]))
 
 
 def test_summary_reports_precisions_changed_during_training():
