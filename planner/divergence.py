@@ -253,8 +253,7 @@ def weight_sensitivity(model, layers: Mapping[str, nn.Linear], batch, loss_fn: L
                 inputs[name] = args[0]
             return hook
 
-        loss = _run(model, batch, loss_fn, seed, [(layers[n], "pre", keep(n)) for n in names])
-        del loss
+        _run(model, batch, loss_fn, seed, [(layers[n], "pre", keep(n)) for n in names])  # builds the graph to x_l
         for i, n in enumerate(names):
             for d in range(config.draws):
                 dg = torch.autograd.grad(inputs[n], params, grad_outputs=_noise(inputs[n], config.seed, d, i).to(

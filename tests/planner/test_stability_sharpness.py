@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from causal_lm import CausalLM
-from planner.stability import SharpnessConfig, measure_sharpness, parse_scheme, sharpness
+from planner.stability import (EpsilonSharpnessConfig, SharpnessConfig, epsilon_sharpness, measure_sharpness,
+                               parse_scheme, sharpness)
 from snip_ops import SnipLinear, convert
 
 MICRO = dict(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16)
@@ -51,7 +52,13 @@ def test_samples_variance_and_determinism(model_and_batches):
     assert a["gradient"].mean - a["random"].mean > 6 * math.hypot(a["gradient"].stderr, a["random"].stderr)
 
 
-def test_measurement_leaves_the_model_untouched():
+@pytest.mark.parametrize("measure", [
+    lambda model, batches: measure_sharpness(model, batches, SharpnessConfig(rho=0.1)),
+    lambda model, batches: epsilon_sharpness(model, batches, EpsilonSharpnessConfig(eps=0.1)),
+], ids=["kl", "epsilon"])
+def test_measurement_leaves_the_model_untouched(measure):
+    """Both sharpness metrics (ours and the stability paper's) restore weights, gradients, SR counters,
+    precisions and the training flag."""
     torch.manual_seed(0)
     model = convert(CausalLM.build(**MICRO), parse_scheme("e4m3").precision())
     batch = torch.randint(0, 256, (2, 17))
@@ -63,7 +70,7 @@ def test_measurement_leaves_the_model_untouched():
     precisions = [m.precision for m in layers]
     model.train()
 
-    measure_sharpness(model, [batch], SharpnessConfig(rho=0.1))
+    measure(model, [batch])
 
     assert model.training
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
