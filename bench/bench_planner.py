@@ -4,7 +4,7 @@
     python bench/bench_planner.py cost --ilp-only   # the ILP part alone (seconds)
     python bench/bench_planner.py validity    # Spearman(LD/L + lambda WD, true loss increase per fp4 layer)
     python bench/bench_planner.py quality     # 75% FP4 FLOPs: SNIP vs baselines vs bf16, from one checkpoint
-    python bench/bench_planner.py demo        # snip_train.planning.run_comparison wall time
+    python bench/bench_planner.py demo        # snip_train.planning.run_comparison (paired) wall time
 
 Each writes bench/results/cpu-planner-<name>.json (raw numbers, command, machine, date) and .md.
 Every run emulates the low-precision GEMMs with the reference quantizer (Philox SR bits included).
@@ -18,12 +18,15 @@ import argparse
 import copy
 import dataclasses
 import json
+import math
+import multiprocessing
 import os
 import platform
 import random
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -31,7 +34,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner import Budget, DivergenceConfig, PlannerConfig, StatsConfig, baseline, measure, solve  # noqa: E402
+from planner import (Budget, DivergenceConfig, PlannerConfig, PrecisionSchedule, StatsConfig,  # noqa: E402
+                     measure, solve)
+from planner.divergence import lm_logits  # noqa: E402
 from planner.cost import LayerShape  # noqa: E402
 from planner.ilp import DEFAULT_LAMBDA  # noqa: E402
 from planner.stats import LayerStats, PlannerStats  # noqa: E402
@@ -40,7 +45,7 @@ from snip_ops import gemm as snip_gemm  # noqa: E402
 from snip_ops.formats import GEMMS, Rounding, recipe  # noqa: E402
 from snip_train.data import TokenData  # noqa: E402
 from snip_train.model import Llama, LlamaConfig  # noqa: E402
-from snip_train.planning import make_hooks, run_comparison  # noqa: E402
+from snip_train.planning import ComparisonConfig, make_hooks, run_comparison  # noqa: E402
 from snip_train.train import TrainConfig, train  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -51,7 +56,6 @@ RUN = dict(preset="tiny", batch_size=8, seq_len=128, weight_decay=0.1, grad_clip
 PRE_STEPS, LR = 400, 3e-3
 BUDGET = Budget.fp4_fraction(0.75)
 SR_DRAWS = 8  # stochastic-rounding passes per layer in the forward-only SR truth
-LAMBDAS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 
 
 def machine() -> dict:
@@ -62,7 +66,10 @@ def machine() -> dict:
 
 def write(name: str, payload: dict, markdown: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    payload = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv),
+    argv = list(sys.argv)
+    if "--results" in argv:  # where the files went is not how they were made
+        del argv[argv.index("--results"):argv.index("--results") + 2]
+    payload = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(argv),
                "machine": machine(), **payload}
     (RESULTS / f"cpu-planner-{name}.json").write_text(json.dumps(payload, indent=1))
     (RESULTS / f"cpu-planner-{name}.md").write_text(
@@ -73,25 +80,32 @@ def write(name: str, payload: dict, markdown: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # the checkpoint and continuing from it
 # ---------------------------------------------------------------------------------------------
-def checkpoint() -> dict:
-    """A bf16 tiny model after PRE_STEPS steps (constant lr after warmup), with its AdamW state."""
-    path = CACHE / f"ckpt-tiny-{PRE_STEPS}.pt"
+def checkpoint(steps: int = PRE_STEPS, preset: str = "tiny") -> dict:
+    """The bf16 `preset` model after `steps` steps (constant lr after warmup, seed 1234), with its AdamW state:
+    checkpoints of one trajectory at different steps are its training phases."""
+    path = CACHE / f"ckpt-{preset}-{steps}.pt"
     if path.exists():
         return torch.load(path)
     CACHE.mkdir(parents=True, exist_ok=True)
     box = {}
-    summary = train(TrainConfig(**RUN, steps=PRE_STEPS, lr=LR, min_lr_ratio=1.0, warmup_steps=40, seed=1234,
-                                eval_interval=100, on_setup=lambda m, o: box.update(model=m, opt=o)))
-    ckpt = {"model": box["model"].state_dict(), "optimizer": box["opt"].state_dict(),
+    summary = train(TrainConfig(**{**RUN, "preset": preset}, steps=steps, lr=LR, min_lr_ratio=1.0,
+                                warmup_steps=min(40, steps // 2), seed=1234, eval_interval=0,
+                                on_setup=lambda m, o: box.update(model=m, opt=o)))
+    ckpt = {"preset": preset, "steps": steps, "model": box["model"].state_dict(), "optimizer": box["opt"].state_dict(),
             "val_loss": summary["final_val_loss"], "time_s": summary["time_s"]}
     torch.save(ckpt, path)
     return ckpt
 
 
-def continue_from(ckpt: dict, steps: int, seed: int, precision=None, hooks=None, evals: int = 4) -> dict:
-    """Train `steps` more steps from the checkpoint (cosine lr decay LR -> LR/10), return the summary."""
+def continue_from(ckpt: dict, steps: int, seed: int, precision=None, hooks=None, evals: int = 4,
+                  constant_steps: int = 0) -> dict:
+    """Train `steps` more steps from the checkpoint, return the summary. The learning rate stays at LR for
+    `constant_steps` steps, then decays along a cosine to LR/10 at the last step."""
+    box = {}
+
     def on_setup(model, opt):
         opt.load_state_dict(copy.deepcopy(ckpt["optimizer"]))  # AdamW would step the checkpoint's tensors in place
+        box["opt"] = opt
         if hooks is not None:
             hooks.on_setup(model, opt)
 
@@ -99,13 +113,22 @@ def continue_from(ckpt: dict, steps: int, seed: int, precision=None, hooks=None,
         model.load_state_dict(ckpt["model"])
         return model
 
-    return train(TrainConfig(**RUN, steps=steps, lr=LR, min_lr_ratio=0.1, warmup_steps=0, seed=seed,
-                             eval_interval=max(1, steps // evals) if evals else 0, precision=precision, prepare_model=prepare,
-                             on_setup=on_setup, on_step=hooks.on_step if hooks else None))
+    def on_step(step, model, batch):
+        if constant_steps:  # the loop set the cosine lr of the whole branch: hold it first, decay after
+            t = min(1.0, max(0, step - constant_steps) / max(1, steps - 1 - constant_steps))
+            min_lr = LR * 0.1
+            for g in box["opt"].param_groups:
+                g["lr"] = min_lr + 0.5 * (LR - min_lr) * (1.0 + math.cos(math.pi * t))
+        if hooks is not None:
+            hooks.on_step(step, model, batch)
+
+    return train(TrainConfig(**{**RUN, "preset": ckpt.get("preset", "tiny")}, steps=steps, lr=LR, min_lr_ratio=0.1,
+                             warmup_steps=0, seed=seed, eval_interval=max(1, steps // evals) if evals else 0,
+                             precision=precision, prepare_model=prepare, on_setup=on_setup, on_step=on_step))
 
 
 def model_at(ckpt: dict):
-    model = convert(Llama(LlamaConfig.preset("tiny")))
+    model = convert(Llama(LlamaConfig.preset(ckpt.get("preset", "tiny"))))
     model.load_state_dict(ckpt["model"])
     params = list(model.parameters())  # the same two groups as snip_train.train (decay / no decay)
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2]},
@@ -119,10 +142,13 @@ def calibration_batch(seed: int = 7) -> torch.Tensor:
     return data.get_batch("train", RUN["batch_size"], RUN["seq_len"], torch.Generator().manual_seed(seed))
 
 
-def stats_at(ckpt: dict, draws: int, candidates=("fp8", "fp4")) -> PlannerStats:
+def stats_at(ckpt: dict, draws: int, candidates=("fp8", "fp4"), method: str = "auto",
+             wd_units: str = "loss") -> PlannerStats:
+    """The planner's statistics at the checkpoint, as SnipPlanner measures them (the Fisher curvature from
+    the logits unless `method` says otherwise)."""
     model, opt, layers = model_at(ckpt)
     return measure(model, layers, opt, calibration_batch(), lambda m, b: m.loss(b), candidates,
-                   StatsConfig(), DivergenceConfig(draws=draws))
+                   StatsConfig(), DivergenceConfig(draws=draws, method=method, wd_units=wd_units), logits_fn=lm_logits)
 
 
 def plan_dict(plan) -> dict:
@@ -160,34 +186,40 @@ def step_time(model, opt, batch, reps: int = 5) -> float:
     return min(times[1:])
 
 
-def measure_time(model, layers, opt, batch, draws: int, reps: int) -> tuple[float, dict]:
-    """The fastest of `reps` planner measurements (like the steps: the machine is shared) and its
-    per-phase breakdown."""
-    runs = []
+def measurement_cost(model, opt, layers, batch, reps: int) -> dict:
+    """One training step (bf16) against one planner measurement at the default settings (Fisher curvature
+    from the logits, 2 draws) and with the batched Hessian curvature, interleaved `reps` times: the
+    fastest of each (the machine is shared; interleaving exposes all three to the same load)."""
+    configs = {"default": DivergenceConfig(), "batched_hessian": DivergenceConfig(method="batched")}
+    times = {"bf16_step_s": [], **{f"measure_{k}_s": [] for k in configs}}
+    breakdown = {}
     for _ in range(reps):
-        t = time.perf_counter()
-        s = measure(model, layers, opt, batch, lambda m, b: m.loss(b), ("fp8", "fp4"), StatsConfig(),
-                    DivergenceConfig(draws=draws))
-        runs.append((time.perf_counter() - t, s))
-    best, s = min(runs, key=lambda r: r[0])
-    return best, {k: v for k, v in s.diagnostics.items() if k.startswith("time_")}
-
-
-def small_preset_cost() -> dict:
-    """Measurement vs a bf16 step on the 'small' preset (~25M parameters, same batch), 3 AdamW steps in:
-    the overheads that dominate the tiny model's ratio (quantizer calls, hooks) weigh less here."""
-    torch.manual_seed(0)
-    model = convert(Llama(LlamaConfig.preset("small")))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batch = calibration_batch()
-    layers = {n: m for n, m in model.named_modules() if isinstance(m, SnipLinear)}
-    out = {"bf16_step_s": step_time(model, opt, batch, reps=3)}
-    for draws in (1, 2):
-        best, breakdown = measure_time(model, layers, opt, batch, draws, reps=2)
-        out[f"measure_s_draws{draws}"] = best
-        out[f"measure_breakdown_draws{draws}"] = breakdown
-        out[f"measure_over_bf16_step_draws{draws}"] = best / out["bf16_step_s"]
+        times["bf16_step_s"].append(step_time(model, opt, batch, reps=2))
+        for label, config in configs.items():
+            t = time.perf_counter()
+            s = measure(model, layers, opt, batch, lambda m, b: m.loss(b), ("fp8", "fp4"), StatsConfig(), config,
+                        logits_fn=lm_logits)
+            times[f"measure_{label}_s"].append(time.perf_counter() - t)
+            breakdown[label] = {k: v for k, v in s.diagnostics.items() if k.startswith("time_")}
+    out = {k: min(v) for k, v in times.items()}
+    out.update({f"measure_{k}_over_bf16_step": out[f"measure_{k}_s"] / out["bf16_step_s"] for k in configs})
+    out["breakdown_of_the_last_repeat"] = breakdown
+    out["all_times_s"] = times
     return out
+
+
+def preset_cost(preset: str, reps: int) -> dict:
+    """measurement_cost on `preset` with the batch of the quality runs, 3 AdamW steps in (the optimizer has
+    state, as when the planner re-plans)."""
+    torch.manual_seed(0)
+    model = convert(Llama(LlamaConfig.preset(preset)))
+    params = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2]},
+                             {"params": [p for p in params if p.dim() < 2]}], lr=LR)
+    batch = calibration_batch()
+    step_time(model, opt, batch, reps=2)
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, SnipLinear)}
+    return {"params": sum(p.numel() for p in params), **measurement_cost(model, opt, layers, batch, reps)}
 
 
 def ilp_timing() -> list[dict]:
@@ -229,9 +261,17 @@ def ilp_markdown(ilp: list[dict]) -> list[str]:
 
 
 def measurement_markdown(timing: dict, provenance: str) -> list[str]:
-    return ["", "## Measurement vs one training step (tiny model, batch 8 x 128, CPU, 1 thread; fastest of 3-5 "
-            "repeats since the machine is shared; `small_preset`: the 25M-parameter preset at the same batch)"
-            + provenance, "", "```", json.dumps(timing, indent=1), "```"]
+    md = ["", "## Measurement vs one training step (batch 8 x 128, CPU, 1 thread; fastest of interleaved repeats, "
+          "since the machine may be shared)" + provenance, "",
+          "| preset | parameters | bf16 step s | measurement s (default: Fisher) | ratio | measurement s (batched "
+          "Hessian) | ratio |", "|---|---|---|---|---|---|---|"]
+    for preset, t in timing.items():
+        if not isinstance(t, dict) or "measure_default_s" not in t:  # an earlier layout of this file
+            continue
+        md.append(f"| {preset} | {t['params'] / 1e6:.2f}M | {t['bf16_step_s']:.3f} | {t['measure_default_s']:.3f} | "
+                  f"{t['measure_default_over_bf16_step']:.2f}x | {t['measure_batched_hessian_s']:.3f} | "
+                  f"{t['measure_batched_hessian_over_bf16_step']:.2f}x |")
+    return md + ["", "```", json.dumps(timing, indent=1), "```"]
 
 
 def bench_cost(args) -> None:
@@ -243,21 +283,7 @@ def bench_cost(args) -> None:
             old["measurement"], f"; measured {made['date']} by `{made['command']}`")
         write("cost", {"ilp": ilp, "measurement": old["measurement"], "measurement_made": made}, "\n".join(md))
         return
-    ckpt = checkpoint()
-    batch = calibration_batch()
-    model, opt, layers = model_at(ckpt)
-    timing = {"bf16_step_s": step_time(model, opt, batch)}
-    model, opt, layers = model_at(ckpt)
-    plan = solve(stats_at(ckpt, 1), BUDGET)
-    plan.apply(model)
-    timing["snip_plan_step_s"] = step_time(model, opt, batch, reps=3)
-    for draws in (1, 2):
-        best, breakdown = measure_time(model, layers, opt, batch, draws, reps=3)
-        timing[f"measure_s_draws{draws}"] = best
-        timing[f"measure_breakdown_draws{draws}"] = breakdown
-        timing[f"measure_over_bf16_step_draws{draws}"] = best / timing["bf16_step_s"]
-        timing[f"measure_over_snip_step_draws{draws}"] = best / timing["snip_plan_step_s"]
-    timing["small_preset"] = small_preset_cost()
+    timing = {preset: preset_cost(preset, reps) for preset, reps in (("tiny", 5), ("mini", 3))}
     write("cost", {"ilp": ilp, "measurement": timing}, "\n".join(ilp_markdown(ilp) + measurement_markdown(timing, "")))
 
 
@@ -279,6 +305,8 @@ def bootstrap_spearman(a, b, resamples: int = 2000, seed: int = 0) -> list[float
         if v == v:  # a resample of ties gives NaN
             vals.append(v)
     vals.sort()
+    if not vals:  # every resample was all ties (a handful of layers)
+        return [float("nan"), float("nan")]
     return [vals[int(0.05 * len(vals))], vals[int(0.95 * len(vals)) - 1]]
 
 
@@ -319,10 +347,42 @@ def split_half(per_unit: dict[str, list[float]], names) -> float:
                     [statistics.mean(per_unit[n][half:]) for n in names])
 
 
+def one_layer_truth(ckpt: dict, names, seeds, steps: int, kind: str, precision) -> dict[str, dict[str, list[float]]]:
+    """Per layer, per seed: training `steps` steps from the checkpoint with that one layer in `precision`
+    (a LinearPrecision JSON), paired with bf16 on the same batches -- the mean training-loss increase over
+    the steps ("train") and the final validation-loss increase ("val"). Cached per (kind, steps)."""
+    cache = CACHE / f"validity-{kind}-{steps}.json"  # {"seed/layer": {"train": d, "val": d}}
+    done = json.loads(cache.read_text()) if cache.exists() else {}
+    truth = {n: {"train": [], "val": []} for n in names}
+    for seed in seeds:
+        ref = None
+        for n in names:
+            key = f"{seed}/{n}"
+            if key not in done:
+                ref = ref or continue_from(ckpt, steps, seed, evals=0)
+                run = continue_from(ckpt, steps, seed, precision={n: precision}, evals=0)
+                done[key] = {"train": statistics.mean(run["history"]["train"]["loss"])
+                             - statistics.mean(ref["history"]["train"]["loss"]),
+                             "val": run["final_val_loss"] - ref["final_val_loss"]}
+                cache.write_text(json.dumps(done))
+                print(f"{kind} seed {seed} {n}: train {done[key]['train']:+.5f} val {done[key]['val']:+.5f}",
+                      flush=True)
+            for k in ("train", "val"):
+                truth[n][k].append(done[key][k])
+    return truth
+
+
+ESTIMATORS = (("fisher", 1), ("fisher", 2), ("fisher", 8), ("batched", 1), ("batched", 2), ("batched", 8))
+WD_LAMBDAS = (0.0, 0.1, 0.3, 1.0, 3.0, 10.0)
+
+
 def bench_validity(args) -> None:
-    ckpt = checkpoint()
-    stats = {d: stats_at(ckpt, d) for d in (1, 2, 8)}  # the planner as it runs: the reference quantizer
-    names = [s.name for s in stats[8].layers]
+    ckpt = checkpoint(args.pre_steps)
+    # the planner's statistics, per loss-curvature estimator and number of draws (WD in loss units), and the
+    # earlier update-unit WD for comparison
+    stats = {(m, d): stats_at(ckpt, d, method=m) for m, d in ESTIMATORS}
+    update_units = stats_at(ckpt, 2, method="batched", wd_units="update")
+    names = [s.name for s in update_units.layers][:args.layers]
     # ground truth 1: forward-only loss increase, fprop of one layer in fp4, on 8 validation batches
     model, _, layers = model_at(ckpt)
     data = TokenData.from_path(None, max_bytes=RUN["max_bytes"])
@@ -347,38 +407,22 @@ def bench_validity(args) -> None:
         fwd_sr[n] = [statistics.mean(val_losses()) - statistics.mean(base) for _ in range(SR_DRAWS)]
         layers[n].set_precision("bf16")
     first = first_order_terms(model, layers, names, val)
-    # ground truth 2: K training steps with one layer (all three GEMMs) in fp4, minus the same in bf16
-    # Two readings per run, both paired with a bf16 run on the same batches: the mean training-loss
-    # increase over the K steps (the loss the quantized layer trains on, forward error included) and
-    # the final validation-loss increase.
-    cache = CACHE / f"validity-{args.steps}.json"  # {"seed/layer": {"train": d, "val": d}}
-    done = json.loads(cache.read_text()) if cache.exists() else {}
-    truth = {n: {"train": [], "val": []} for n in names}
-    for seed in args.seeds:
-        ref = None
-        for n in names:
-            key = f"{seed}/{n}"
-            if key not in done:
-                ref = ref or continue_from(ckpt, args.steps, seed, evals=0)
-                run = continue_from(ckpt, args.steps, seed, precision={n: "fp4"}, evals=0)
-                done[key] = {"train": statistics.mean(run["history"]["train"]["loss"])
-                             - statistics.mean(ref["history"]["train"]["loss"]),
-                             "val": run["final_val_loss"] - ref["final_val_loss"]}
-                cache.write_text(json.dumps(done))
-                print(f"seed {seed} {n}: train {done[key]['train']:+.5f} val {done[key]['val']:+.5f}", flush=True)
-            for k in ("train", "val"):
-                truth[n][k].append(done[key][k])
-    trained = [statistics.mean(truth[n]["train"]) for n in names]
-    trained_val = [statistics.mean(truth[n]["val"]) for n in names]
+    # ground truth 2: K training steps with one layer's three GEMMs in fp4, minus the same in bf16;
+    # ground truth 3: the same with only its dgrad and wgrad in fp4 (the fprop in bf16): the backward's
+    # own effect, which WD claims to measure
+    both = one_layer_truth(ckpt, names, args.seeds, args.steps, "all", "fp4")
+    backward = one_layer_truth(ckpt, names, args.seeds, args.steps, "backward",
+                               {"fprop": "bf16", "dgrad": "fp4", "wgrad": "fp4"})
     fwd_mean = {n: statistics.mean(fwd[n]) for n in names}
     first_mean = {n: statistics.mean(first[n]) for n in names}
-    second = {n: fwd_mean[n] - first_mean[n] for n in names}  # what is left of the RNE truth: second order and up
     truths = {
         "forward_only": fwd_mean,
-        "forward_only_minus_first_order": second,
+        "forward_only_minus_first_order": {n: fwd_mean[n] - first_mean[n] for n in names},
         "forward_only_sr": {n: statistics.mean(fwd_sr[n]) for n in names},
-        "trained": dict(zip(names, trained)),
-        "final_val": dict(zip(names, trained_val)),
+        "trained": {n: statistics.mean(both[n]["train"]) for n in names},
+        "final_val": {n: statistics.mean(both[n]["val"]) for n in names},
+        "backward_trained": {n: statistics.mean(backward[n]["train"]) for n in names},
+        "backward_final_val": {n: statistics.mean(backward[n]["val"]) for n in names},
     }
     # forward truths: validation batches 0-3 vs 4-7 (SR: draws); trained truths: seeds, first half vs second
     reliability = {
@@ -386,161 +430,384 @@ def bench_validity(args) -> None:
         "forward_only_minus_first_order": split_half({n: [a - b for a, b in zip(fwd[n], first[n])] for n in names},
                                                      names),
         "forward_only_sr": split_half(fwd_sr, names),
-        "trained": split_half({n: truth[n]["train"] for n in names}, names),
-        "final_val": split_half({n: truth[n]["val"] for n in names}, names),
-        "first_order_term_alone": split_half(first, names),
+        "trained": split_half({n: both[n]["train"] for n in names}, names),
+        "final_val": split_half({n: both[n]["val"] for n in names}, names),
+        "backward_trained": split_half({n: backward[n]["train"] for n in names}, names),
+        "backward_final_val": split_half({n: backward[n]["val"] for n in names}, names),
     }
-    rne = {
-        "spearman_forward_only_vs_first_order_term": spearman([fwd_mean[n] for n in names],
-                                                             [first_mean[n] for n in names]),
-        "layers_with_negative_forward_only_truth": sum(fwd_mean[n] < 0 for n in names),
-        "median_abs_first_order_over_abs_remainder": statistics.median(
-            abs(first_mean[n]) / max(abs(second[n]), 1e-12) for n in names),
-    }
-    default = DivergenceConfig().draws
-    rows, corr = [], {}
-    for d, st in stats.items():
+
+    def column(values):
+        return [values[n] for n in names]
+
+    estimators = {}
+    for (m, d), st in stats.items():
         by = st.by_name()
         ld = [by[n].ld("fp4") / st.loss for n in names]
-        wd = [by[n].wd("fp4") for n in names]
-        corr[f"draws{d}"] = {
-            **{f"spearman_LD_vs_{k}_truth": spearman(ld, [t[n] for n in names]) for k, t in truths.items()},
-            "spearman_WD_vs_trained_truth": spearman(wd, trained),
-            "spearman_LD+lambda*WD_vs_trained_truth": {str(lam): spearman([a + lam * b for a, b in zip(ld, wd)], trained)
-                                                       for lam in LAMBDAS},
-            "spearman_LD+lambda*WD_vs_final_val_truth": {str(lam): spearman([a + lam * b for a, b in zip(ld, wd)],
-                                                                            trained_val) for lam in LAMBDAS},
-            f"bootstrap_90pct_spearman_at_default_lambda_{DEFAULT_LAMBDA:g}": {
-                truth_name: bootstrap_spearman([a + DEFAULT_LAMBDA * b for a, b in zip(ld, wd)], t)
-                for truth_name, t in (("trained", trained), ("final_val", trained_val))},
+        estimators[f"{m}_draws{d}"] = {
+            "spearman_LD_vs": {k: spearman(ld, column(truths[k])) for k in
+                               ("forward_only_sr", "forward_only_minus_first_order", "trained", "final_val")},
+            "layers_with_curvature_<=_0": sum(by[n].curvature <= 0 for n in names),
+            "time_loss_divergence_s": st.diagnostics["time_loss_divergence_s"],
+            "time_measure_s": sum(v for k, v in st.diagnostics.items() if k.startswith("time_")),
         }
-        if d == default:
-            rows = [{"layer": n, "LD/L": a, "WD": b, **{f"{k}_truth": t[n] for k, t in truths.items()},
-                     "first_order_term": first_mean[n], "per_seed": truth[n]}
-                    for n, a, b in zip(names, ld, wd)]
-    by = stats[default].by_name()
-    objective = [by[n].ld("fp4") / stats[default].loss + DEFAULT_LAMBDA * by[n].wd("fp4") for n in names]
-    summary = {k: spearman(objective, [t[n] for n in names]) for k, t in truths.items()}
-    md = [f"Checkpoint: tiny model, {PRE_STEPS} bf16 steps (val loss {ckpt['val_loss']:.4f}); the planner's statistics "
-          f"with the reference quantizer at its defaults ({default} draws, lambda {DEFAULT_LAMBDA:g}) unless a draws "
-          f"count is named. Ground truths, fp4 on one layer at a time:",
+    default = stats[("fisher", DivergenceConfig().draws)]
+    by = default.by_name()
+    ld = [by[n].ld("fp4") / default.loss for n in names]
+    wd = [by[n].wd("fp4") / default.loss for n in names]
+    wd_update = [update_units.by_name()[n].wd("fp4") for n in names]
+    wd_validity = {
+        f"spearman_{label}_vs_{k}": spearman(values, column(truths[k]))
+        for label, values in (("WD_loss_units", wd), ("WD_update_units", wd_update), ("LD", ld))
+        for k in ("backward_trained", "backward_final_val", "trained")}
+    objective = {str(lam): {k: spearman([a + lam * b for a, b in zip(ld, wd)], column(truths[k]))
+                            for k in ("trained", "final_val")} for lam in WD_LAMBDAS}
+    objective["WD only"] = {k: spearman(wd, column(truths[k])) for k in ("trained", "final_val")}
+    bootstrap = {k: bootstrap_spearman([a + DEFAULT_LAMBDA * b for a, b in zip(ld, wd)], column(truths[k]))
+                 for k in ("trained", "backward_trained")}
+    rows = [{"layer": n, "LD/L": a, "WD/L": b, "WD_update_units": c, **{f"{k}_truth": t[n] for k, t in truths.items()},
+             "first_order_term": first_mean[n], "per_seed_all": both[n], "per_seed_backward": backward[n]}
+            for n, a, b, c in zip(names, ld, wd, wd_update)]
+    md = [f"Checkpoint: tiny model, {args.pre_steps} bf16 steps (val loss {ckpt['val_loss']:.4f}). Ground truths, fp4 on one "
+          "layer at a time:",
           "(a) forward-only loss increase on 8 validation batches (fprop in fp4, round to nearest);",
           "(a-1) (a) minus its first-order term g_l . (Q(y_l) - y_l), computed per batch with the bf16 gradient;",
           f"(a') forward-only with stochastically rounded fprop operands, mean of {SR_DRAWS} passes with fresh bits "
           "(the quantity LD estimates: E[L(y + noise)] - L(y));",
           f"(b) 'trained': mean training-loss increase over {args.steps} steps from the checkpoint (all three GEMMs "
-          f"in fp4), paired with bf16 on the same batches, mean over seeds {args.seeds}; (c) final validation-loss "
-          "increase of the same runs.", "",
-          "| truth | Spearman with LD/L + lambda WD | split-half reliability of the truth |", "|---|---|---|"]
-    md += [f"| {k} | {v:.3f} | {reliability[k]:.3f} |" for k, v in summary.items()]
-    md += ["", "Round-to-nearest truth, decomposed: " + json.dumps(rne), "",
-           "Split-half reliability: Spearman between the truth's means over two halves of its readings (validation "
-           "batches 0-3 vs 4-7; SR draws; seeds), how reproducible its ranking is: " + json.dumps(reliability), "",
-           "```", json.dumps(corr, indent=1), "```", "",
-           "| layer | LD/L | WD | fwd-only | first-order term | fwd-only minus first order | fwd-only SR | trained "
-           "| final val |", "|---|---|---|---|---|---|---|---|---|"]
-    md += [f"| {r['layer']} | {r['LD/L']:.3e} | {r['WD']:.3e} | {r['forward_only_truth']:+.5f} | "
-           f"{r['first_order_term']:+.5f} | {r['forward_only_minus_first_order_truth']:+.5f} | "
-           f"{r['forward_only_sr_truth']:+.6f} | {r['trained_truth']:+.5f} | {r['final_val_truth']:+.5f} |"
-           for r in rows]
+          f"in fp4), paired with bf16 on the same batches, mean over seeds {args.seeds}; (c) 'final_val': final "
+          "validation-loss increase of the same runs;",
+          "(d) 'backward_trained' / 'backward_final_val': the same with only dgrad and wgrad in fp4 (fprop bf16): "
+          "the backward-only ground truth for WD.", "",
+          "## Reliability of the truths", "",
+          "Split-half reliability: Spearman between the truth's means over two halves of its readings (validation "
+          "batches 0-3 vs 4-7; SR draws; seeds): how reproducible its ranking is, roughly the ceiling for any "
+          "metric's correlation with it.", "", "| truth | split-half reliability |", "|---|---|"]
+    md += [f"| {k} | {v:.3f} |" for k, v in reliability.items()]
+    md += ["", "## Loss curvature estimators (LD = h e_fwd, fp4)", "",
+           "| estimator | Spearman vs fwd-only SR | vs fwd-only minus 1st order | vs trained | vs final val | "
+           "layers with h <= 0 | LD time s | whole measurement s |", "|---|---|---|---|---|---|---|---|"]
+    for label, e in estimators.items():
+        c = e["spearman_LD_vs"]
+        md.append(f"| {label} | {c['forward_only_sr']:.3f} | {c['forward_only_minus_first_order']:.3f} | "
+                  f"{c['trained']:.3f} | {c['final_val']:.3f} | {e['layers_with_curvature_<=_0']} of {len(names)} | "
+                  f"{e['time_loss_divergence_s']:.2f} | {e['time_measure_s']:.2f} |")
+    md += ["", "## Weight divergence against the backward-only truth (fisher, 2 draws)", "",
+           "| metric | vs backward trained | vs backward final val | vs trained (all GEMMs) |", "|---|---|---|---|"]
+    for label in ("WD_loss_units", "WD_update_units", "LD"):
+        md.append(f"| {label} | {wd_validity[f'spearman_{label}_vs_backward_trained']:.3f} | "
+                  f"{wd_validity[f'spearman_{label}_vs_backward_final_val']:.3f} | "
+                  f"{wd_validity[f'spearman_{label}_vs_trained']:.3f} |")
+    md += ["", "## The objective LD/L + lambda WD/L against the all-GEMM truths", "",
+           "| lambda | vs trained | vs final val |", "|---|---|---|"]
+    md += [f"| {lam} | {v['trained']:.3f} | {v['final_val']:.3f} |" for lam, v in objective.items()]
+    md += ["", f"Bootstrap 90% interval of Spearman at lambda {DEFAULT_LAMBDA:g}: " + json.dumps(bootstrap), "",
+           "| layer | LD/L | WD/L | WD (update units) | fwd-only SR | trained | final val | backward trained | "
+           "backward final val |", "|---|---|---|---|---|---|---|---|---|"]
+    md += [f"| {r['layer']} | {r['LD/L']:.3e} | {r['WD/L']:.3e} | {r['WD_update_units']:.3e} | "
+           f"{r['forward_only_sr_truth']:+.6f} | {r['trained_truth']:+.5f} | {r['final_val_truth']:+.5f} | "
+           f"{r['backward_trained_truth']:+.5f} | {r['backward_final_val_truth']:+.5f} |" for r in rows]
     write("validity", {"steps": args.steps, "seeds": args.seeds, "checkpoint_val_loss": ckpt["val_loss"],
-                       "summary_at_defaults": summary, "reliability": reliability, "round_to_nearest": rne,
-                       "correlations": corr, "layers": rows,
-                       "stats": {str(d): s.to_json() for d, s in stats.items()}}, "\n".join(md))
+                       "reliability": reliability, "estimators": estimators, "wd_validity": wd_validity,
+                       "objective_vs_lambda": objective, "bootstrap_at_default_lambda": bootstrap, "layers": rows,
+                       "stats": {f"{m}_draws{d}": s.to_json() for (m, d), s in stats.items()},
+                       "stats_update_units": update_units.to_json()}, "\n".join(md))
 
 
 # ---------------------------------------------------------------------------------------------
 # plan quality
 # ---------------------------------------------------------------------------------------------
+# The heuristics of planner.baselines that the quality bench compares SNIP with (uniform_fp8 is no contender).
+HEURISTICS = ("uniform_fp4", "first_last", "layer_type", "min_rel_error", "min_abs_error", "random")
+# SNIP (the defaults), its two terms alone and a smaller weight of WD (the ablation), as PlannerConfig fields.
+SNIP_VARIANTS = {"snip": {}, "snip_ld": {"terms": "ld"}, "snip_wd": {"terms": "wd"}, "snip_lam0.1": {"lam": 0.1}}
+ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityRun:
+    """One branch of the quality grid: `method` trained `steps` steps from the `phase`-step checkpoint of
+    `preset` on the batches of `seed`, re-planning every `interval` steps at `budget` (FP4 share)."""
+
+    preset: str
+    phase: int
+    budget: float
+    method: str
+    seed: int
+    steps: int
+    interval: int
+
+    @property
+    def key(self) -> str:
+        budget = "-" if self.method in ("bf16", "uniform_fp4") else self.budget  # budget-independent runs
+        return f"{self.preset}/{self.phase}/{budget}/{self.method}/{self.seed}/{self.steps}/{self.interval}"
+
+
+def run_quality(run: QualityRun) -> dict:
+    """Train one branch (in a worker process: one torch thread) and return what the tables need."""
+    torch.set_num_threads(1)
+    ckpt = checkpoint(run.phase, run.preset)
+    t = time.perf_counter()
+    hooks = None
+    if run.method == "bf16":
+        summary = continue_from(ckpt, run.steps, run.seed)
+    elif run.method == "uniform_fp4":  # one plan whatever the statistics say: no planner needed
+        summary = continue_from(ckpt, run.steps, run.seed, precision="fp4")
+    else:
+        budget = Budget.fp4_fraction(run.budget)
+        config = (PlannerConfig(budget=budget, interval=run.interval, **SNIP_VARIANTS[run.method])
+                  if run.method in SNIP_VARIANTS else PlannerConfig(budget=budget, interval=run.interval, method=run.method))
+        hooks = make_hooks(config, show_table=False, log=lambda m: None)
+        summary = continue_from(ckpt, run.steps, run.seed, hooks=hooks)
+    plans = [dict(h) for h in hooks.planner.history] if hooks else []
+    return {"final_val_loss": summary["final_val_loss"], "val": summary["history"]["val"],
+            "fp4_fraction": statistics.mean(h["fp4_fraction"] for h in plans) if plans else
+            (1.0 if run.method == "uniform_fp4" else 0.0),
+            "plans": plans, "time_s": time.perf_counter() - t}
+
+
+def quality_grid(args) -> list[QualityRun]:
+    methods = ["bf16", *SNIP_VARIANTS, *HEURISTICS] if args.methods is None else args.methods
+    runs = []
+    for phase in args.phases:  # cell by cell (phase, budget), in the order given: partial runs leave whole cells
+        for budget in args.budgets:
+            for seed in args.seeds:
+                for m in methods:
+                    if m in ABLATION and budget != args.budgets[len(args.budgets) // 2]:
+                        continue  # the ablation at the middle budget only
+                    runs.append(QualityRun(args.preset, phase, budget, m, seed, args.steps, args.interval))
+    return list({r.key: r for r in runs}.values())
+
+
+def quality_table(runs: list[QualityRun], done: dict, budgets, phases, seeds) -> dict:
+    """Per (phase, budget): per method, the paired gaps to bf16 per seed, their mean and spread, the FP4 share."""
+    table = {}
+    for phase in phases:
+        for budget in budgets:
+            cell = {}
+            for r in runs:
+                if r.phase != phase or (r.budget != budget and r.method not in ("bf16", "uniform_fp4")):
+                    continue
+                if r.method in cell:
+                    continue
+                mine = [done.get(QualityRun(r.preset, phase, budget, r.method, s, r.steps, r.interval).key) for s in seeds]
+                ref = [done.get(QualityRun(r.preset, phase, budget, "bf16", s, r.steps, r.interval).key) for s in seeds]
+                if None in mine or None in ref:  # not trained (yet): --report-only on a partial cache
+                    continue
+                gaps = [a["final_val_loss"] - b["final_val_loss"] for a, b in zip(mine, ref)]
+                cell[r.method] = {"gap_per_seed": gaps, "mean_gap": statistics.mean(gaps),
+                                  "std_gap": statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
+                                  "fp4_fraction": statistics.mean(m["fp4_fraction"] for m in mine),
+                                  "final_val_loss": [m["final_val_loss"] for m in mine]}
+            if cell:
+                table[f"{phase}/{budget}"] = cell
+    return table
+
+
+def quality_verdicts(table: dict) -> dict:
+    """Per cell: is SNIP's mean gap below every heuristic's, its margin to the best one, and on how many
+    seeds it is below every heuristic."""
+    out = {}
+    for key, cell in table.items():
+        if "snip" not in cell:
+            continue
+        rivals = [m for m in HEURISTICS if m in cell]
+        if not rivals:
+            continue
+        best = min(rivals, key=lambda m: cell[m]["mean_gap"])
+        seeds = len(cell["snip"]["gap_per_seed"])
+        out[key] = {"snip_below_every_heuristic": all(cell["snip"]["mean_gap"] < cell[m]["mean_gap"] for m in rivals),
+                    "best_heuristic": best,
+                    "margin_to_best_heuristic": cell[best]["mean_gap"] - cell["snip"]["mean_gap"],
+                    "seeds_below_every_heuristic": sum(all(cell["snip"]["gap_per_seed"][i] < cell[m]["gap_per_seed"][i]
+                                                           for m in rivals) for i in range(seeds))}
+    return out
+
+
 def bench_quality(args) -> None:
-    ckpt = checkpoint()
-    out = CACHE / "quality.json"
-    done = json.loads(out.read_text()) if out.exists() and args.resume else {}
-    stats = stats_at(ckpt, 2)
-    static = {name: baseline(name, stats, BUDGET) for name in
-              ("uniform_fp4", "first_last", "layer_type", "min_error", "random")}
-    snip_lambdas = {"snip_lam1": 1.0, "snip_lam0.01": 0.01, "snip_lam0.001": 0.001}
+    """SNIP vs the heuristics (each re-planned at the same interval and budget by the same ILP) and SNIP's
+    ablation, paired per seed from bf16 checkpoints at several training phases."""
+    runs = quality_grid(args)
+    cache = CACHE / "quality-runs.json"
+    done = json.loads(cache.read_text()) if cache.exists() else {}
+    for phase in args.phases:  # before the workers start, so that they only read them
+        checkpoint(phase, args.preset)
+    todo = [r for r in runs if r.key not in done and not args.report_only]
+    print(f"quality: {len(runs)} runs, {len(todo)} to train, {args.workers} workers", flush=True)
+    t0 = time.perf_counter()
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(args.workers, mp_context=ctx) as pool:
+        for r, result in zip(todo, pool.map(run_quality, todo)):
+            done[r.key] = result
+            cache.write_text(json.dumps(done))
+            print(f"{r.key}: val {result['final_val_loss']:.4f} ({result['time_s']:.0f}s)", flush=True)
+    table = quality_table(runs, done, args.budgets, args.phases, args.seeds)
+    verdicts = quality_verdicts(table)
+    ckpts = {phase: checkpoint(phase, args.preset)["val_loss"] for phase in args.phases}
+    md = [f"Preset {args.preset}; bf16 checkpoints after {', '.join(map(str, args.phases))} steps (one trajectory, "
+          f"constant lr {LR:g} after warmup; val loss {', '.join(f'{v:.4f}' for v in ckpts.values())}); from each, "
+          f"{args.steps} steps per method (cosine decay to lr/10), seeds {args.seeds}: the seed picks the batches, and "
+          "every method of a seed sees the same ones from the same state (paired). Every planned method -- SNIP, its "
+          f"ablations and the heuristics -- re-plans every {args.interval} steps from the same statistics with the same "
+          "ILP at the same budget (FP4 share of linear FLOPs). Gap: final validation loss minus the bf16 branch's, "
+          f"mean +- std over seeds. snip: the planner's defaults (Fisher LD, WD in loss units, lambda "
+          f"{DEFAULT_LAMBDA:g}); snip_ld / snip_wd: one term alone; snip_lam0.1: lambda 0.1.", ""]
+    trained = sum(r.key in done for r in runs)
+    if trained < len(runs):
+        md += [f"**Partial:** {trained} of the grid's {len(runs)} runs are trained; only complete cells are shown.", ""]
+    for key, cell in table.items():
+        phase, budget = key.split("/")
+        md += [f"## phase {phase} steps, budget {100 * float(budget):.0f}% FP4", "",
+               "| method | FP4 share | gap per seed | mean gap +- std |", "|---|---|---|---|"]
+        for m, r in sorted(cell.items(), key=lambda kv: kv[1]["mean_gap"]):
+            md.append(f"| {m} | {100 * r['fp4_fraction']:.1f}% | " + ", ".join(f"{g:+.4f}" for g in r["gap_per_seed"])
+                      + f" | {r['mean_gap']:+.4f} +- {r['std_gap']:.4f} |")
+        v = verdicts.get(key)
+        if v:
+            md += ["", f"SNIP below every heuristic: {'yes' if v['snip_below_every_heuristic'] else 'NO'}; margin to the "
+                   f"best heuristic ({v['best_heuristic']}): {v['margin_to_best_heuristic']:+.4f}; below every heuristic "
+                   f"on {v['seeds_below_every_heuristic']} of {len(args.seeds)} seeds.", ""]
+    if table:
+        plot_quality(table, RESULTS / f"cpu-planner-{args.name}.png",
+                     f"{args.preset}: gap to bf16 per method (mean +- std over {len(args.seeds)} seeds)")
+    write(args.name, {"preset": args.preset, "phases": args.phases, "budgets": args.budgets, "seeds": args.seeds,
+                      "steps": args.steps, "interval": args.interval, "checkpoint_val_loss": ckpts,
+                      "wall_s": time.perf_counter() - t0, "table": table, "verdicts": verdicts,
+                      "runs": {r.key: done[r.key] for r in runs if r.key in done},
+                      "complete": all(r.key in done for r in runs)}, "\n".join(md))
+
+
+def plot_quality(table: dict, path: Path, title: str) -> None:
+    """One panel per (phase, budget): each method's mean gap to bf16 with its spread over seeds."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    cells = list(table.items())
+    cols = min(3, len(cells))
+    rows = -(-len(cells) // cols)
+    fig = Figure(figsize=(4.5 * cols, 3.2 * rows), constrained_layout=True)
+    FigureCanvasAgg(fig)
+    for k, (key, cell) in enumerate(cells):
+        ax = fig.add_subplot(rows, cols, k + 1)
+        methods = [m for m in cell if m != "bf16"]
+        means = [cell[m]["mean_gap"] for m in methods]
+        spread = [cell[m]["std_gap"] for m in methods]
+        colors = ["tab:red" if m == "snip" else "tab:orange" if m.startswith("snip") else "tab:gray" for m in methods]
+        ax.barh(methods, means, xerr=spread, color=colors)
+        ax.axvline(0.0, color="black", linewidth=0.8)
+        phase, budget = key.split("/")
+        ax.set_title(f"phase {phase}, {100 * float(budget):.0f}% FP4", fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.invert_yaxis()
+    fig.suptitle(title, fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def mean_fp4_share(history: list[dict], steps: int) -> float:
+    """The FP4 share of linear FLOPs averaged over the steps of a run: each plan counts for the steps it ran."""
+    starts = [h["step"] for h in history] + [steps]
+    return sum(h["fp4_fraction"] * (b - a) for h, a, b in zip(history, starts, starts[1:])) / steps
+
+
+def bench_schedule(args) -> None:
+    """A precision schedule against a constant budget at the same mean FP4 share, paired per seed: from the
+    mid-training checkpoint, the learning rate is held for half the branch and then decays; "snip_schedule"
+    plans at args.budgets[0] until the decay trigger fires and at args.budgets[1] after it, "snip" at
+    the constant budget args.budgets[2] (chosen near the schedule's measured mean share)."""
+    ckpt = checkpoint(args.phases[0])
+    high, low, constant = args.budgets
+    methods = {
+        "bf16": None,
+        "snip": PlannerConfig(budget=Budget.fp4_fraction(constant), interval=args.interval),
+        "snip_schedule": PlannerConfig(budget=Budget.fp4_fraction(high), interval=args.interval,
+                                       schedule=PrecisionSchedule(lr_decay=0.05,
+                                                                  raised_budget=Budget.fp4_fraction(low))),
+    }
+    cache = CACHE / f"schedule-{args.phases[0]}-{args.steps}-{args.interval}-{high}-{low}-{constant}.json"
+    done = json.loads(cache.read_text()) if cache.exists() else {}
     for seed in args.seeds:
-        for label in ["bf16", *snip_lambdas, *static]:
+        for label, config in methods.items():
             key = f"{label}/{seed}"
             if key in done:
                 continue
-            t = time.perf_counter()
-            if label in snip_lambdas:
-                hooks = make_hooks(PlannerConfig(budget=BUDGET, interval=args.interval, lam=snip_lambdas[label]),
-                                   show_table=False, log=lambda m: None)
-                s = continue_from(ckpt, args.steps, seed, hooks=hooks)
-                extra = {"plans": [dict(h) for h in hooks.planner.history],
-                         "final_plan": plan_dict(hooks.planner.plan)}
-            else:
-                s = continue_from(ckpt, args.steps, seed, precision=plan_dict(static[label]) if label != "bf16" else None)
-                extra = {}
-            done[key] = {"final_val_loss": s["final_val_loss"], "val": s["history"]["val"], "time_s": time.perf_counter() - t,
-                         **extra}
-            out.write_text(json.dumps(done))
-            print(f"{key}: val {s['final_val_loss']:.4f} ({time.perf_counter() - t:.0f}s)", flush=True)
-    labels = ["bf16", *snip_lambdas, *static]
+            hooks = make_hooks(config, show_table=False, log=lambda m: None) if config else None
+            s = continue_from(ckpt, args.steps, seed, hooks=hooks, constant_steps=args.steps // 2)
+            history = [dict(h) for h in hooks.planner.history] if hooks else []
+            done[key] = {"final_val_loss": s["final_val_loss"], "plans": history,
+                         "mean_fp4_share": mean_fp4_share(history, args.steps) if history else 0.0}
+            cache.write_text(json.dumps(done))
+            print(f"{key}: val {s['final_val_loss']:.4f}, mean FP4 share {done[key]['mean_fp4_share']:.3f}", flush=True)
     table = {}
-    for label in labels:
-        vals = [done[f"{label}/{s}"]["final_val_loss"] for s in args.seeds]
-        gaps = [v - done[f"bf16/{s}"]["final_val_loss"] for v, s in zip(vals, args.seeds)]
-        plan = static.get(label)
-        if label in snip_lambdas:  # re-planned: the mean over its plans (objective at its own lambda)
-            plans = [h for s in args.seeds for h in done[f"{label}/{s}"]["plans"]]
-            fp4, objective = (statistics.mean(h[k] for h in plans) for k in ("fp4_fraction", "objective"))
-        else:
-            fp4 = plan.metrics["fp4_fraction"] if plan else 0.0
-            objective = plan.metrics.get("objective") if plan else None
-        table[label] = {"val_loss": vals, "mean": statistics.mean(vals), "gap_to_bf16": gaps,
-                        "mean_gap": statistics.mean(gaps), "fp4_fraction": fp4, "planner_objective": objective}
-    md = [f"From the {PRE_STEPS}-step bf16 checkpoint (val {ckpt['val_loss']:.4f}), {args.steps} steps per plan, "
-          f"seeds {args.seeds}; budget: {BUDGET.describe()}. The SNIP runs (lambda 1, 0.01, 0.001) re-plan every "
-          f"{args.interval} steps (FP4 share and objective: means over their plans, objective at their own "
-          f"lambda); the baselines are fixed plans made at the checkpoint (objective: LD/L + lambda WD with the "
-          f"default lambda {DEFAULT_LAMBDA:g}, under the checkpoint statistics). Gaps are paired per seed (same batches and initial state).", "",
-          "| plan | FP4 FLOPs | objective | final val loss per seed | mean | mean gap to bf16 |", "|---|---|---|---|---|---|"]
-    for label, r in sorted(table.items(), key=lambda kv: kv[1]["mean"]):
-        f4 = "-" if r["fp4_fraction"] is None else f"{100 * r['fp4_fraction']:.1f}%"
-        obj = "-" if r["planner_objective"] is None else f"{r['planner_objective']:.3e}"
-        md.append(f"| {label} | {f4} | {obj} | " + ", ".join(f"{v:.4f}" for v in r["val_loss"])
-                  + f" | {r['mean']:.4f} | {r['mean_gap']:+.4f} |")
-    base_names = list(static)
-    for label in snip_lambdas:
-        beaten = [b for b in base_names if table[label]["mean_gap"] < table[b]["mean_gap"]]
-        per_seed = sum(all(table[label]["val_loss"][i] < table[b]["val_loss"][i] for b in base_names)
-                       for i in range(len(args.seeds)))
-        md.append(f"\n{label}: mean gap smaller than {len(beaten)} of {len(base_names)} baselines; below every "
-                  f"baseline on {per_seed} of {len(args.seeds)} seeds.")
-    write("quality", {"steps": args.steps, "seeds": args.seeds, "interval": args.interval, "budget": BUDGET.to_json(),
-                      "checkpoint_val_loss": ckpt["val_loss"], "table": table, "runs": done,
-                      "static_plans": {k: p.to_json(with_stats=False) for k, p in static.items()},
-                      "stats": stats.to_json()}, "\n".join(md))
+    for label in methods:
+        gaps = [done[f"{label}/{s}"]["final_val_loss"] - done[f"bf16/{s}"]["final_val_loss"] for s in args.seeds]
+        table[label] = {"gap_per_seed": gaps, "mean_gap": statistics.mean(gaps),
+                        "std_gap": statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
+                        "mean_fp4_share": statistics.mean(done[f"{label}/{s}"]["mean_fp4_share"] for s in args.seeds),
+                        "replans": [[(h["step"], h["why"], round(h["fp4_fraction"], 4)) for h in done[f"{label}/{s}"]["plans"]]
+                                    for s in args.seeds]}
+    closed = table["snip"]["mean_gap"] - table["snip_schedule"]["mean_gap"]
+    md = [f"From the {args.phases[0]}-step bf16 checkpoint of the tiny preset, {args.steps} steps per branch: lr {LR:g} "
+          f"held for {args.steps // 2} steps, then a cosine decay to {LR / 10:g}; seeds {args.seeds} (paired: same "
+          f"state and batches per seed). snip: re-plans every {args.interval} steps at >= {100 * constant:.0f}% FP4. "
+          f"snip_schedule: the same every {args.interval} steps at >= {100 * high:.0f}% FP4, and from the step the lr "
+          f"falls 5% below its peak (a re-plan there) at >= {100 * low:.0f}%: the most sensitive GEMMs go up for "
+          "the decay. Mean FP4 share: over the steps, each plan weighted by the steps it ran.", "",
+          "| method | mean FP4 share | gap to bf16 per seed | mean gap +- std |", "|---|---|---|---|"]
+    for label, r in table.items():
+        md.append(f"| {label} | {100 * r['mean_fp4_share']:.1f}% | " + ", ".join(f"{g:+.4f}" for g in r["gap_per_seed"])
+                  + f" | {r['mean_gap']:+.4f} +- {r['std_gap']:.4f} |")
+    md += ["", f"The schedule closes {closed:+.4f} nats of SNIP's constant-budget gap "
+           f"({100 * closed / table['snip']['mean_gap']:.0f}% of it) on the mean; per seed: "
+           + ", ".join(f"{a - b:+.4f}" for a, b in zip(table["snip"]["gap_per_seed"], table["snip_schedule"]["gap_per_seed"]))
+           + ".", "", "Re-plans (step, why, FP4 share) of the first seed: "
+           + json.dumps({k: v["replans"][0] for k, v in table.items() if v["replans"][0]})]
+    write("schedule", {"phase": args.phases[0], "steps": args.steps, "interval": args.interval,
+                       "budgets": {"before_decay": high, "after_decay": low, "constant": constant},
+                       "seeds": args.seeds, "table": table, "gap_closed": closed, "runs": done}, "\n".join(md))
 
 
 def bench_demo(args) -> None:
-    """The main job (run_comparison: bf16 vs SNIP vs layer_type) end to end, timed."""
+    """The paired comparison (run_comparison: a bf16 warm-up of half the steps, then bf16, SNIP and
+    layer_type branched from it on the same batches), end to end, timed."""
     out = CACHE / "demo"
     t = time.perf_counter()
-    runs = run_comparison(out, PlannerConfig(budget=BUDGET, interval=args.interval), "layer_type",
-                          preset="tiny", steps=args.steps, batch_size=args.batch, progress=False)
+    result = run_comparison(out, TrainConfig(preset="tiny", steps=args.steps, batch_size=args.batch, progress=False),
+                            ComparisonConfig(branch_at=args.steps // 2, planner=PlannerConfig(budget=BUDGET,
+                                                                                             interval=args.interval),
+                                             baselines=("layer_type",), seeds=tuple(args.seeds)))
     total = time.perf_counter() - t
-    res = {label: {"final_val_loss": s["final_val_loss"], "time_s": s["time_s"], "step_time_s": s["step_time_s"]}
-           for label, s in runs.items()}
+    res = {label: {"final_val_loss": row["final_val_loss"], "mean_gap_to_bf16": row["mean_gap"],
+                   "time_s": [b["time_s"] for b in result["branches"] if b["method"] == label]}
+           for label, row in result["table"].items()}
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    write("demo", {"steps": args.steps, "batch_size": args.batch, "interval": args.interval, "quantizer": "reference",
-                   "total_s": total, "runs": res, "files": files},
-          f"snip_train.planning.run_comparison (bf16 vs SNIP vs layer_type), tiny preset, {args.steps} steps, batch "
-          f"{args.batch} x 128, reference quantizer: {total:.0f}s in total\n\n```\n{json.dumps(res, indent=1)}\n```"
-          f"\n\nfiles: {files}")
+    write("demo", {"steps": args.steps, "branch_at": args.steps // 2, "batch_size": args.batch,
+                   "interval": args.interval, "seeds": args.seeds, "total_s": total, "runs": res, "files": files},
+          f"snip_train.planning.run_comparison (a bf16 warm-up of {args.steps // 2} steps, then bf16, SNIP and "
+          f"layer_type branched from it, seeds {args.seeds}), tiny preset, {args.steps} steps in all, batch "
+          f"{args.batch} x 128: {total:.0f}s in total\n\n```\n{json.dumps(res, indent=1)}\n```\n\nfiles: {files}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("cost", "validity", "quality", "demo"))
+    p.add_argument("what", choices=("cost", "validity", "quality", "schedule", "demo"))
     p.add_argument("--steps", type=int, default=None, help="training steps per run")
     p.add_argument("--seeds", type=lambda s: [int(v) for v in s.split(",")], default=None)
     p.add_argument("--interval", type=int, default=None, help="SNIP re-plan interval")
-    p.add_argument("--resume", action="store_true", help="quality: skip runs already in the cache")
+    p.add_argument("--pre-steps", type=int, default=PRE_STEPS,
+                   help="validity: bf16 steps of the checkpoint (default: %(default)s)")
+    p.add_argument("--layers", type=int, default=None, help="validity: ground truths for the first N layers only")
+    p.add_argument("--preset", default="tiny", help="quality: the model preset (default: %(default)s)")
+    p.add_argument("--phases", type=lambda s: [int(v) for v in s.split(",")], default=None,
+                   help="quality: bf16 checkpoint steps the branches start from (default: 100,400,1200); "
+                        "schedule: the first one (default: 400)")
+    p.add_argument("--budgets", type=lambda s: [float(v) for v in s.split(",")], default=None,
+                   help="quality: FP4 shares of linear FLOPs (default: 0.5,0.75,0.8); schedule: before decay, "
+                        "after decay, constant (default: 0.85,0.62,0.75)")
+    p.add_argument("--methods", type=lambda s: s.split(","), default=None,
+                   help="quality: bf16, snip, its ablations snip_ld, snip_wd, snip_lam0.1, and heuristics (default: all)")
+    p.add_argument("--workers", type=int, default=1, help="quality: worker processes, one thread each")
+    p.add_argument("--name", default="quality", help="quality: results file stem cpu-planner-<name>")
+    p.add_argument("--report-only", action="store_true", help="quality: tabulate the runs already trained")
     p.add_argument("--batch", type=int, default=16, help="demo: sequences per step (default: %(default)s)")
     p.add_argument("--ilp-only", action="store_true",
                    help="cost: re-time the ILP only, keeping the measurement section of the last full run")
@@ -552,12 +819,19 @@ def main() -> None:
         global RESULTS
         RESULTS = args.results
     torch.set_num_threads(args.threads)
-    defaults = {"validity": (30, [0, 1], None), "quality": (100, [0, 1, 2], 50), "demo": (300, [0], 100), "cost": (0, [0], 0)}
+    defaults = {"validity": (30, [0, 1], None), "quality": (100, [0, 1, 2], 50), "schedule": (200, [0, 1, 2], 25),
+                "demo": (300, [0], 100), "cost": (0, [0], 0)}
     steps, seeds, interval = defaults[args.what]
     args.steps = args.steps if args.steps is not None else steps
     args.seeds = args.seeds or seeds
     args.interval = args.interval or interval
-    {"cost": bench_cost, "validity": bench_validity, "quality": bench_quality, "demo": bench_demo}[args.what](args)
+    schedule = args.what == "schedule"
+    args.phases = args.phases or ([PRE_STEPS] if schedule else [100, PRE_STEPS, 1200])
+    args.budgets = args.budgets or ([0.85, 0.62, 0.75] if schedule else [0.5, 0.75, 0.8])
+    if schedule and len(args.budgets) != 3:
+        p.error("schedule takes --budgets BEFORE_DECAY,AFTER_DECAY,CONSTANT")
+    {"cost": bench_cost, "validity": bench_validity, "quality": bench_quality, "schedule": bench_schedule,
+     "demo": bench_demo}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,8 @@ PRESETS: dict[str, LlamaConfig] = {
     # ~0.85M params; 300 steps of batch 8 x 128 take ~15 s (bf16) on 2 CPU cores.
     # Widths are multiples of 128 so the 1x128 / 128x128 FP8/FP4 blocks need no padding.
     "tiny": LlamaConfig(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=384, max_seq_len=128),
+    # ~10.8M params (12.7x tiny), the same 128-token context: the planner benchmark's larger model on a CPU.
+    "mini": LlamaConfig(dim=384, n_layers=6, n_heads=6, n_kv_heads=6, ffn_hidden=1024, max_seq_len=128),
     # ~25M params.
     "small": LlamaConfig(dim=512, n_layers=8, n_heads=8, n_kv_heads=4, ffn_hidden=1536, max_seq_len=512),
     # ~1.0B params, Llama-3.2-1B shape with a byte vocabulary; for GPUs.

@@ -23,6 +23,7 @@ def test_presets():
     assert tiny.num_params() == PRESETS["tiny"].num_params()
     assert tiny.num_params() < 2e6
     assert 20e6 <= PRESETS["small"].num_params() <= 30e6
+    assert PRESETS["mini"].num_params() >= 10 * PRESETS["tiny"].num_params()  # the planner bench's larger model
     assert 0.8e9 <= PRESETS["1b"].num_params() <= 1.3e9
     assert LlamaConfig.preset("tiny", n_layers=2).n_layers == 2
     with pytest.raises(ValueError):

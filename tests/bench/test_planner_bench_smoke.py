@@ -1,0 +1,46 @@
+"""The planner benchmark's quality grid and metric validity run end to end in a seconds-long setting
+(a few training steps, a handful of layers), with their cache and results in temporary directories."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench(tmp_path: Path, *args: str) -> None:
+    env = {**os.environ, "SNIP_BENCH_CACHE": str(tmp_path / "cache")}
+    subprocess.run([sys.executable, str(ROOT / "bench" / "bench_planner.py"), *args, "--results", str(tmp_path)],
+                   cwd=ROOT, check=True, capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_quality_grid(tmp_path):
+    _bench(tmp_path, "quality", "--phases", "2", "--budgets", "0.5,0.75", "--seeds", "0,1", "--steps", "2",
+           "--interval", "1", "--methods", "bf16,snip,snip_ld,layer_type,uniform_fp4", "--workers", "2")
+    out = json.loads((tmp_path / "cpu-planner-quality.json").read_text())
+    cell = out["table"]["2/0.75"]
+    assert set(cell) == {"bf16", "snip", "snip_ld", "layer_type", "uniform_fp4"}
+    assert "snip_ld" not in out["table"]["2/0.5"]  # the ablation at the middle budget only
+    assert cell["bf16"]["gap_per_seed"] == [0.0, 0.0] and cell["uniform_fp4"]["fp4_fraction"] == 1.0
+    assert all(abs(cell[m]["fp4_fraction"] - 0.75) < 0.05 for m in ("snip", "layer_type"))
+    assert set(out["verdicts"]) == {"2/0.5", "2/0.75"} and (tmp_path / "cpu-planner-quality.png").exists()
+
+
+def test_validity(tmp_path):
+    _bench(tmp_path, "validity", "--pre-steps", "2", "--steps", "1", "--seeds", "0,1", "--layers", "3")
+    out = json.loads((tmp_path / "cpu-planner-validity.json").read_text())
+    assert len(out["layers"]) == 3 and set(out["reliability"]) >= {"backward_trained", "trained", "forward_only_sr"}
+    assert set(out["estimators"]) == {f"{m}_draws{d}" for m in ("fisher", "batched") for d in (1, 2, 8)}
+    assert all(e["layers_with_curvature_<=_0"] == 0 for k, e in out["estimators"].items() if k.startswith("fisher"))
+
+
+def test_schedule(tmp_path):
+    _bench(tmp_path, "schedule", "--phases", "2", "--steps", "6", "--interval", "2", "--seeds", "0,1",
+           "--budgets", "0.9,0.5,0.7")
+    out = json.loads((tmp_path / "cpu-planner-schedule.json").read_text())
+    assert set(out["table"]) == {"bf16", "snip", "snip_schedule"}
+    whys = [why for step, why, share in out["table"]["snip_schedule"]["replans"][0]]
+    assert ["lr_decay"] in whys or ["interval", "lr_decay"] in whys  # the decay starts in the second half
+    assert out["table"]["snip"]["mean_fp4_share"] >= 0.7
