@@ -1,15 +1,17 @@
-"""Planner benchmarks (issue #3 "Measure"): metric validity, plan quality, cost, and the main job's time.
+"""Planner benchmarks: metric validity, plan quality, a precision schedule, cost, and the main job's time.
 
-    python bench/bench_planner.py cost        # ILP on a 70B-like problem; measurement vs a training step
+    python bench/bench_planner.py cost        # ILP on a 70B-like problem; a re-plan's measurement vs a training step
     python bench/bench_planner.py cost --ilp-only   # the ILP part alone (seconds)
-    python bench/bench_planner.py validity    # Spearman(LD/L + lambda WD, true loss increase per fp4 layer)
-    python bench/bench_planner.py quality     # 75% FP4 FLOPs: SNIP vs baselines vs bf16, from one checkpoint
+    python bench/bench_planner.py validity    # per-layer scores vs the true effect of FP4 on one layer
+    python bench/bench_planner.py quality     # SNIP vs the heuristics vs bf16: presets x phases x budgets x seeds
+    python bench/bench_planner.py schedule    # a precision schedule vs a constant budget at the same mean FP4 share
     python bench/bench_planner.py demo        # snip_train.planning.run_comparison (paired) wall time
 
-Each writes bench/results/cpu-planner-<name>.json (raw numbers, command, machine, date) and .md.
-Every run emulates the low-precision GEMMs with the reference quantizer (Philox SR bits included).
-Results committed before the reference became as fast were made with a float32 stand-in that drew
-its SR bits from torch's generator (same distribution, other bits); each file names its quantizer.
+Each writes bench/results/cpu-planner-<name>.json (raw numbers, command, machine, date) and .md. Every
+comparison is paired: branches start from one checkpoint and see the same batches per seed. The
+low-precision GEMMs are emulated with the quantizer's CPU implementation where it is built, else with
+the PyTorch reference: the same bits either way (Philox SR bits included).
+Trained runs are cached under $SNIP_BENCH_CACHE, so an interrupted grid resumes.
 """
 
 from __future__ import annotations
