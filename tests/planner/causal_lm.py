@@ -4,6 +4,7 @@ metric call: `forward(tokens) -> logits` and `loss(window)` (mean next-token cro
 `window[:, 1:]` given `window[:, :-1]`). The demo trainer's own model (snip_train) is left to the
 application's tests."""
 
+import torch
 import transformers
 from torch.nn import functional as F
 
@@ -23,3 +24,14 @@ class CausalLM(transformers.LlamaForCausalLM):
     def loss(self, window):
         logits = self(window[:, :-1])
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
+
+
+# A model small enough for the sharpness metrics' tests, and its held-out batches.
+MICRO = dict(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16)
+
+
+def micro_model_and_batches() -> tuple[CausalLM, list]:
+    torch.manual_seed(0)
+    model = CausalLM.build(**MICRO)
+    gen = torch.Generator().manual_seed(1)
+    return model, [torch.randint(0, 256, (4, 17), generator=gen) for _ in range(2)]

@@ -6,21 +6,8 @@ import pytest
 import torch
 
 from bounds import gamma
-from causal_lm import CausalLM
 from planner.stability import EpsilonSharpnessConfig, epsilon_sharpness
 from planner.stability.epsilon_sharpness import last_token_loss, maximise_in_box
-
-MICRO = dict(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16)
-
-
-@pytest.fixture(scope="module")
-def model_and_batches():
-    torch.manual_seed(0)
-    model = CausalLM.build(**MICRO)
-    gen = torch.Generator().manual_seed(1)
-    batches = [torch.randint(0, 256, (4, 17), generator=gen) for _ in range(2)]
-    return model, batches
-
 
 def _quadratic(n=257, seed=0):
     """f(theta) = 1/2 sum a_i theta_i^2 in float64, a_i > 0, every |theta_i| >= 0.1."""

@@ -6,22 +6,10 @@ import math
 import pytest
 import torch
 
-from causal_lm import CausalLM
+from causal_lm import MICRO, CausalLM
 from planner.stability import (EpsilonSharpnessConfig, SharpnessConfig, epsilon_sharpness, measure_sharpness,
                                parse_scheme, sharpness)
 from snip_ops import SnipLinear, convert
-
-MICRO = dict(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16)
-
-
-@pytest.fixture(scope="module")
-def model_and_batches():
-    torch.manual_seed(0)
-    model = CausalLM.build(**MICRO)
-    gen = torch.Generator().manual_seed(1)
-    batches = [torch.randint(0, 256, (4, 17), generator=gen) for _ in range(2)]
-    return model, batches
-
 
 @pytest.mark.parametrize("direction", ["random", "gradient"])
 def test_kl_vanishes_with_rho_and_grows_with_it(model_and_batches, direction):
