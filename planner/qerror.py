@@ -39,9 +39,9 @@ def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
 
 
 def _emulated_gemms(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, r, seed: int) -> dict[str, torch.Tensor]:
-    """The emulated fprop / dgrad / wgrad of `snip_ops.gemm` (same specs, Philox streams and transposes),
-    except that Q(w^T) is taken as Q(w)^T where that is exact (`gemm.transpose_shares_quantization`:
-    the 128x128 weight blocks), which saves one weight quantization."""
+    """The emulated fprop / dgrad / wgrad of `snip_ops.gemm` (same specs, Philox streams, transposes and
+    Hadamard transforms), except that Q(w^T) is taken as Q(w)^T where that is exact
+    (`gemm.transpose_shares_quantization`: square weight blocks), which saves one weight quantization."""
     def q(t, spec, operand, transpose=False):
         if spec is None:
             return gemm.emulated_operand(t, spec, seed, 0, operand, transpose)
@@ -53,7 +53,7 @@ def _emulated_gemms(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, r, seed:
     return {
         "fprop": mm(q(x, r.act, "x"), wq.t()),
         "dgrad": mm(q(dy, r.grad, "dy"), wtq.t()),
-        "wgrad": mm(q(dy, r.grad, "dyt", transpose=True), q(x, r.act, "xt", transpose=True).t()),
+        "wgrad": gemm.wgrad(dy, x, r, seed=seed, emulate=True),
     }
 
 

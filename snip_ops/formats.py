@@ -229,7 +229,9 @@ class GemmRecipe:
     `act` quantizes activations (x in fprop, x^T in wgrad), `weight` the weight (w in fprop, w^T in
     dgrad), `grad` the output gradient (dy in dgrad, dy^T in wgrad). None everywhere means BF16.
     `speedup` is the GEMM throughput factor over BF16 used by the planner's theoretical cost
-    (bf16 1, fp8 2, fp4 4).
+    (bf16 1, fp8 2, fp4 4). `wgrad_hadamard` > 0: where this recipe runs a wgrad GEMM, both of its
+    operands first go through a random Hadamard transform of that size along the token dimension
+    (snip_ops/hadamard.py; NVIDIA's NVFP4 training recipe); fprop and dgrad are unaffected.
     """
 
     name: str
@@ -237,6 +239,14 @@ class GemmRecipe:
     weight: QuantSpec | None = None
     grad: QuantSpec | None = None
     speedup: float = 1.0
+    wgrad_hadamard: int = 0
+
+    def __post_init__(self):
+        h = self.wgrad_hadamard
+        if not isinstance(h, int) or h < 0 or (h and (h < 2 or h & (h - 1))):
+            raise ValueError(f"{self.name}: wgrad_hadamard must be 0 (off) or a power of two >= 2, got {h!r}")
+        if h and (self.act is None or self.grad is None):
+            raise ValueError(f"{self.name}: a Hadamard-transformed wgrad needs quantized activations and gradients")
 
     @property
     def is_bf16(self) -> bool:
@@ -246,15 +256,20 @@ class GemmRecipe:
         """A string that identifies the recipe completely, so it can cross a torch custom-op boundary."""
         parts = [self.name, str(self.speedup)]
         parts += ["-" if s is None else s.describe() for s in (self.act, self.weight, self.grad)]
+        if self.wgrad_hadamard:
+            parts.append(f"rht{self.wgrad_hadamard}")
         return ";".join(parts)
 
     @classmethod
     def from_key(cls, key: str) -> "GemmRecipe":
         name, speedup, *specs = key.split(";")
+        hadamard = 0
+        if len(specs) == 4 and specs[3].startswith("rht") and specs[3][3:].isdigit():
+            hadamard = int(specs.pop()[3:])
         if len(specs) != 3:
             raise ValueError(f"malformed recipe key {key!r}")
         act, weight, grad = (None if s == "-" else QuantSpec.parse(s) for s in specs)
-        return cls(name, act, weight, grad, float(speedup))
+        return cls(name, act, weight, grad, float(speedup), hadamard)
 
 
 def _fp8(grad_elem: ElementFormat = E4M3) -> GemmRecipe:
@@ -285,6 +300,17 @@ RECIPES: Mapping[str, GemmRecipe] = {
     "mxfp8": _mx("mxfp8", E4M3, 32, ScaleKind.E8M0, 2.0, grad_sr=False),
     "nvfp4": _mx("nvfp4", E2M1, 16, ScaleKind.NVFP4, 4.0, grad_sr=True),
     "mxfp4": _mx("mxfp4", E2M1, 32, ScaleKind.E8M0, 4.0, grad_sr=True),
+    # NVIDIA's NVFP4 pretraining recipe (Transformer Engine's NVFP4BlockScaling): 16x16 weight blocks,
+    # so that w and w^T share scales and the weight is quantized once per step; gradients rounded
+    # stochastically; a 16-point random Hadamard transform on both wgrad operands; RNE elsewhere.
+    "nvfp4_train": GemmRecipe(
+        "nvfp4_train",
+        act=QuantSpec(E2M1, (1, 16), ScaleKind.NVFP4),
+        weight=QuantSpec(E2M1, (16, 16), ScaleKind.NVFP4),
+        grad=QuantSpec(E2M1, (1, 16), ScaleKind.NVFP4, Rounding.SR),
+        speedup=4.0,
+        wgrad_hadamard=16,
+    ),
     # The SNIP paper's FP4: E2M1 with the FP8 recipe's granularity; gradients rounded stochastically.
     "fp4": GemmRecipe(
         "fp4",
@@ -297,7 +323,8 @@ RECIPES: Mapping[str, GemmRecipe] = {
 
 
 def recipe(name: str | GemmRecipe) -> GemmRecipe:
-    """Look up a named GEMM recipe ("bf16", "fp8", "fp8_e5m2grad", "mxfp8", "nvfp4", "mxfp4", "fp4")."""
+    """Look up a named GEMM recipe ("bf16", "fp8", "fp8_e5m2grad", "mxfp8", "nvfp4", "nvfp4_train", "mxfp4",
+    "fp4")."""
     if isinstance(name, GemmRecipe):
         return name
     if not isinstance(name, str):

@@ -25,11 +25,13 @@ import torch
 
 from . import _ext, reference
 from .formats import GemmRecipe, QuantSpec, Rounding
+from .hadamard import random_hadamard, rht_signs
 
 __all__ = ["fprop", "dgrad", "wgrad", "uses_kernels", "emulated_operand", "transpose_shares_quantization",
-           "fp32_mm", "OPERAND_IDS", "operand_offset"]
+           "fp32_mm", "OPERAND_IDS", "operand_offset", "wgrad_operand"]
 
-OPERAND_IDS = {"x": 0, "w": 1, "dy": 2, "wt": 3, "dyt": 4, "xt": 5}
+# "rht": the random signs of the wgrad operands' Hadamard transform (hadamard.py), not an operand.
+OPERAND_IDS = {"x": 0, "w": 1, "dy": 2, "wt": 3, "dyt": 4, "xt": 5, "rht": 6}
 
 
 def operand_offset(offset: int, operand: str) -> int:
@@ -106,11 +108,23 @@ def dgrad(dy: torch.Tensor, w: torch.Tensor, recipe: GemmRecipe, seed: int = 0, 
     return fp32_mm(dyq, wtq.t()).to(out_dtype)
 
 
+def wgrad_operand(t: torch.Tensor, recipe: GemmRecipe, seed: int, offset: int) -> torch.Tensor:
+    """dy or x as wgrad quantizes it (transposed, blocks along M): t itself, or T t, its random
+    Hadamard transform (float32, tokens padded to the transform size) under a recipe with
+    `wgrad_hadamard`; both operands of one call get the same T."""
+    if not recipe.wgrad_hadamard:
+        return t
+    signs = rht_signs(seed, operand_offset(offset, "rht"), recipe.wgrad_hadamard, device=t.device)
+    return random_hadamard(t, signs)
+
+
 def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0,
           emulate: bool = False) -> torch.Tensor:
-    """dw = dy^T x in float32; both operands quantized with blocks along M (the token dimension)."""
+    """dw = dy^T x in float32; both operands quantized with blocks along M (the token dimension),
+    after the recipe's random Hadamard transform on M if it has one."""
     if recipe.is_bf16:
         return (dy.t() @ x).float()
+    dy, x = wgrad_operand(dy, recipe, seed, offset), wgrad_operand(x, recipe, seed, offset)
     if uses_kernels(dy, recipe, emulate):
         return _qgemm(dy, recipe.grad, "dyt", True, x, recipe.act, "xt", True, seed, offset, torch.float32)
     dytq = emulated_operand(dy, recipe.grad, seed, offset, "dyt", transpose=True)

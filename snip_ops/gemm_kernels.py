@@ -57,6 +57,7 @@ FP32 for wgrad), tested in tests/ops/test_gemm_dispatch.py:
     fp4           all three    fp32   blockwise_bf16           sm90_fp4    sm100_fp4
     mxfp8         all three    fp32   bf16_exact               bf16_exact  sm100_mxfp8
     nvfp4         all three    fp32   bf16_exact               bf16_exact  sm100_nvfp4
+    nvfp4_train   all three    fp32   bf16_exact               bf16_exact  sm100_nvfp4
     mxfp4         all three    fp32   bf16_exact               bf16_exact  sm100_mxfp4
 
 (fp8_e5m2grad's dgrad and wgrad multiply E5M2 gradients by E4M3 operands; Hopper has no MX/NV FP4
@@ -196,8 +197,10 @@ def _k_chunk(a, b) -> int | None:
 
 
 def _blackwell_format(spec: QuantSpec) -> str | None:
-    """The Blackwell block-scaled format ("nvfp4", "mxfp4", "mxfp8") whose operands look like `spec`."""
-    if spec.element == E2M1 and spec.block == (1, 16) and spec.scale == ScaleKind.NVFP4:
+    """The Blackwell block-scaled format ("nvfp4", "mxfp4", "mxfp8") whose operands look like `spec`.
+    nvfp4's 16x16 weight blocks (nvfp4_train) are 1x16 blocks whose 16 rows share one scale: the
+    kernel reads them with each scale repeated per row (`_blocked_scales`)."""
+    if spec.element == E2M1 and spec.block in ((1, 16), (16, 16)) and spec.scale == ScaleKind.NVFP4:
         return "nvfp4"
     if spec.element == E2M1 and spec.block == (1, 32) and spec.scale == ScaleKind.E8M0:
         return "mxfp4"
@@ -214,9 +217,11 @@ def _blackwell_kind(a: QTensor, b: QTensor) -> str | None:
 def scale_layout_for(spec: QuantSpec, device) -> str:
     """The scale layout (`reference.QTensor.scale_layout`) in which to quantize an operand of `spec`
     bound for a GEMM on `device`: "blackwell" where a Blackwell block-scaled kernel for its format
-    is usable there (the quantizer then writes the layout that kernel reads), else "plain"."""
+    is usable there (the quantizer then writes the layout that kernel reads), else "plain" (also for
+    2-D blocks, whose scales the GEMM call expands to rows)."""
     kind = _blackwell_format(spec)
-    if kind is None or device_arch(device) != (10, 0) or not _ext.kernel_available(f"{kind}_gemm_nt", device):
+    if kind is None or spec.block[0] != 1 or device_arch(device) != (10, 0) \
+            or not _ext.kernel_available(f"{kind}_gemm_nt", device):
         return "plain"
     return "blackwell"
 
@@ -491,10 +496,15 @@ def prepare_sm100(kind: str, a: QTensor, b: QTensor):
 def _blocked_scales(q: QTensor, rows: int, n_sf: int) -> torch.Tensor:
     """q's scales in the Blackwell layout for a [rows, n_sf] scale grid: as the quantizer wrote them
     (scale_layout "blackwell": its atoms already pad rows to 128 and scales per row to 4, with zero
-    bytes, which is what padding the plain grid gives), else relaid out here."""
+    bytes, which is what padding the plain grid gives), else relaid out here: 2-D blocks (nvfp4's
+    16x16 weights) become 1-D ones with each block scale repeated for each of its rows."""
     if q.scale_layout == "blackwell" and tuple(q.scales.shape) == blackwell_shape(rows, n_sf):
         return q.scales
-    return to_blocked_scales(_pad_2d(plain_scales(q), rows, n_sf))
+    scales = plain_scales(q)
+    br = block_shape(q.spec, q.shape)[0]
+    if br > 1:
+        scales = scales.view(torch.uint8).repeat_interleave(br, dim=0)[: q.shape[0]].view(scales.dtype)
+    return to_blocked_scales(_pad_2d(scales, rows, n_sf))
 
 
 def _run_sm100(kind: str, a: QTensor, b: QTensor, out_dtype, bias, out) -> torch.Tensor:

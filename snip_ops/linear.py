@@ -23,7 +23,9 @@ multiplied with FP32 accumulation; those float32 values are what backward keeps.
 same quantized values. A GEMM whose recipe is bf16 runs on the unquantized operands in their dtype
 (autograd then keeps those). A recipe crosses the op boundary as its string key, the SR offset as a
 0-d int64 tensor (so a new offset each step does not recompile); operand `o` of a call draws its SR
-bits at offset `gemm.operand_offset(offset, o)`.
+bits at offset `gemm.operand_offset(offset, o)`. Under a recipe with `wgrad_hadamard` (nvfp4_train)
+x^T and dy^T are quantized from their random Hadamard transforms T x and T dy (tokens padded to the
+transform size, `gemm.wgrad_operand`), so those two are quantized apart from x and dy.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ import torch
 
 from . import _ext
 from .formats import GemmRecipe, LinearPrecision, QuantSpec
-from .gemm import emulated_operand, fp32_mm, operand_offset, transpose_shares_quantization
+from .gemm import emulated_operand, fp32_mm, operand_offset, transpose_shares_quantization, wgrad_operand
 from .gemm_kernels import qgemm, scale_layout_for
+from .hadamard import padded_tokens
 from .qparts import from_parts, meta_parts, num_parts, to_parts
 from .quantize import dequantize, quantize, quantize_rowcol
 from .reference import QTensor
@@ -92,6 +95,11 @@ def _gemm(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
     return fp32_mm(av, bv.t()).to(out_dtype)
 
 
+def _wgrad_tokens(m: int, wr: GemmRecipe) -> int:
+    """The token count of wgrad's operands: M, padded to whole groups under a Hadamard transform."""
+    return padded_tokens(m, wr.wgrad_hadamard) if wr.wgrad_hadamard else m
+
+
 def _n_saved(spec: QuantSpec | None, kernels: bool) -> int:
     """How many tensors carry a saved operand: QTensor parts on the kernels, else float32 values."""
     return num_parts(spec) if kernels and spec is not None else 1
@@ -124,7 +132,10 @@ def _fwd(x: torch.Tensor, w: torch.Tensor, fprop: str, dgrad: str, wgrad: str, s
     keep_xt = need_dw and not wr.is_bf16
     keep_wt = need_dx and not dr.is_bf16
     with _no_autocast(x):
-        xq, xtq = _quantize_both(x, fr.act, wr.act, not fr.is_bf16, keep_xt, seed, off, "x", "xt", kernels)
+        rht = keep_xt and wr.wgrad_hadamard  # x^T is then quantized from T x, not from x
+        xq, xtq = _quantize_both(x, fr.act, wr.act, not fr.is_bf16, keep_xt and not rht, seed, off, "x", "xt", kernels)
+        if rht:
+            xtq = _quantize(wgrad_operand(x, wr, seed, off), wr.act, seed, off, "xt", True, kernels)
         w_spec, wt_spec = fr.weight, dr.weight
         shared = w_spec is not None and w_spec == wt_spec and transpose_shares_quantization(w_spec)
         if not fr.is_bf16 and keep_wt and shared and not kernels:
@@ -141,7 +152,7 @@ def _(x, w, fprop, dgrad, wgrad, seed, offset, emulate, need_dx, need_dw):
     dr, wr = _recipe(dgrad), _recipe(wgrad)
     (m, k), n = x.shape, w.shape[0]
     kernels = _kernel_mode(x, emulate)
-    xt = _saved_meta(wr.act, (k, m), kernels, x) if need_dw and not wr.is_bf16 else []
+    xt = _saved_meta(wr.act, (k, _wgrad_tokens(m, wr)), kernels, x) if need_dw and not wr.is_bf16 else []
     wt = _saved_meta(dr.weight, (k, n), kernels, x) if need_dx and not dr.is_bf16 else []
     return [x.new_empty(m, n), *xt, *wt]
 
@@ -158,14 +169,18 @@ def _bwd(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: to
     m, n = dy.shape
     out = []
     with _no_autocast(dy):
-        dyq, dytq = _quantize_both(dy, dr.grad, wr.grad, need_dx and not dr.is_bf16, need_dw and not wr.is_bf16,
-                                   seed, off, "dy", "dyt", kernels)
+        rht = need_dw and wr.wgrad_hadamard  # dy^T is then quantized from T dy, not from dy
+        dyq, dytq = _quantize_both(dy, dr.grad, wr.grad, need_dx and not dr.is_bf16,
+                                   need_dw and not wr.is_bf16 and not rht, seed, off, "dy", "dyt", kernels)
+        if rht:
+            dytq = _quantize(wgrad_operand(dy, wr, seed, off), wr.grad, seed, off, "dyt", True, kernels)
         if need_dx:
             out.append((dy @ w).to(dy.dtype) if dr.is_bf16
                        else _gemm(dyq, _restored(wt, dr.weight, (in_features, n), kernels), dy.dtype))
         if need_dw:
             out.append((dy.t() @ x).float() if wr.is_bf16
-                       else _gemm(dytq, _restored(xt, wr.act, (in_features, m), kernels), torch.float32))
+                       else _gemm(dytq, _restored(xt, wr.act, (in_features, _wgrad_tokens(m, wr)), kernels),
+                                  torch.float32))
     return out
 
 

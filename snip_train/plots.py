@@ -23,8 +23,8 @@ __all__ = ["ema", "plot_losses", "plot_branch_gaps", "plot_plan_heatmap", "plot_
            "plot_sweep_sharpness", "FORMAT_ORDER"]
 
 # High to low precision; colours go from light (bf16) to dark red (4-bit).
-FORMAT_ORDER = ("bf16", "fp8", "fp8_e5m2grad", "mxfp8", "nvfp4", "mxfp4", "fp4")
-_COLORS = ("#f0f0f0", "#9ecae1", "#6baed6", "#4292c6", "#fc9272", "#fb6a4a", "#cb181d")
+FORMAT_ORDER = ("bf16", "fp8", "fp8_e5m2grad", "mxfp8", "nvfp4", "nvfp4_train", "mxfp4", "fp4")
+_COLORS = ("#f0f0f0", "#9ecae1", "#6baed6", "#4292c6", "#fc9272", "#fc7a5f", "#fb6a4a", "#cb181d")
 
 
 def _figure(width: float, height: float):

@@ -34,7 +34,8 @@ GEMMS = ("fprop", "dgrad", "wgrad")
 # Recipes whose operands a kernel may take, by its scale type: FP32 blockwise scales
 # (snip_C::fp8_gemm_nt_blockwise, sm90 and sm100) or Blackwell block scales ({nvfp4,mxfp4,mxfp8}_gemm_nt).
 # The tests pick those matching each kernel.
-RECIPES = {"f32": ("fp8", "fp8_e5m2grad", "fp4"), "ue4m3": ("nvfp4",), "ue8m0": ("mxfp4", "mxfp8")}
+RECIPES = {"f32": ("fp8", "fp8_e5m2grad", "fp4"), "ue4m3": ("nvfp4", "nvfp4_train"), "ue8m0": ("mxfp4", "mxfp8")}
+BLACKWELL_KIND = {"nvfp4_train": "nvfp4"}  # the block-scaled kernel a recipe's operands go to, where not its name
 D_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 SF_KINDS = {"f32": ScaleKind.FP32, "ue4m3": ScaleKind.NVFP4, "ue8m0": ScaleKind.E8M0}
 # Roundings per product term between the host reference and the dequantized operands, besides the
@@ -92,8 +93,12 @@ def _takes(info: dict[str, str], a: QuantSpec, b: QuantSpec) -> bool:
     def block(text):
         return tuple(int(v) for v in text.split("x"))
 
+    def kernel_block(s):
+        # nvfp4_train's 16x16 weight blocks reach the kernel as 1x16 blocks, each scale repeated per row.
+        return (1, 16) if s.scale == ScaleKind.NVFP4 and s.block == (16, 16) else s.block
+
     return all(
-        _kernel_element(s, info) == info[role] and s.block == block(info[f"sf{role}_block"])
+        _kernel_element(s, info) == info[role] and kernel_block(s) == block(info[f"sf{role}_block"])
         and s.scale in ((ScaleKind.FP32, ScaleKind.POW2) if _blockwise(info) else (SF_KINDS[info["sf"]],))
         for role, s in (("a", a), ("b", b))
     )
@@ -143,7 +148,7 @@ def _prepare(info: dict[str, str], name: str, a: QTensor, b: QTensor):
         ca, sfa, cb, sfb, _, n_pad = gk.prepare_sm90(a, b, D_DTYPES[info["d"]])
         alpha = None
     else:
-        ca, sfa, cb, sfb, alpha, n_pad = gk.prepare_sm100(name, a, b)
+        ca, sfa, cb, sfb, alpha, n_pad = gk.prepare_sm100(BLACKWELL_KIND.get(name, name), a, b)
     k = ca.shape[1] * (2 if info["a"] == "e2m1" else 1)  # packed FP4: two per byte (as the op reads K)
     return ca, sfa, cb, sfb, alpha, (ca.shape[0], n_pad, k)
 

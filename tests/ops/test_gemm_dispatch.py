@@ -85,6 +85,7 @@ PATH_TABLE = {
     "fp4": ("fp32", "blockwise_bf16", "blockwise_bf16", "sm90_fp4", "sm100_fp4", "blockwise_bf16"),
     "mxfp8": ("fp32", "bf16_exact", "bf16_exact", "bf16_exact", "sm100_mxfp8", "bf16_exact"),
     "nvfp4": ("fp32", "bf16_exact", "bf16_exact", "bf16_exact", "sm100_nvfp4", "bf16_exact"),
+    "nvfp4_train": ("fp32", "bf16_exact", "bf16_exact", "bf16_exact", "sm100_nvfp4", "bf16_exact"),
     "mxfp4": ("fp32", "bf16_exact", "bf16_exact", "bf16_exact", "sm100_mxfp4", "bf16_exact"),
 }
 TENSOR_CORE_PATHS = {"sm90_fp8", "sm90_fp4", "sm100_fp8", "sm100_fp4", "sm100_nvfp4", "sm100_mxfp4", "sm100_mxfp8",
