@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import json
 import math
 import multiprocessing
@@ -82,9 +83,11 @@ def write(name: str, payload: dict, markdown: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # the checkpoint and continuing from it
 # ---------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4)
 def checkpoint(steps: int = PRE_STEPS, preset: str = "tiny") -> dict:
     """The bf16 `preset` model after `steps` steps (constant lr after warmup, seed 1234), with its AdamW state:
-    checkpoints of one trajectory at different steps are its training phases."""
+    checkpoints of one trajectory at different steps are its training phases. Loaded once per process
+    (a worker trains many branches from it); callers copy what they change (`continue_from`)."""
     path = CACHE / f"ckpt-{preset}-{steps}.pt"
     if path.exists():
         return torch.load(path)

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Callable, Sequence
+from typing import Sequence
 
 from snip_ops.formats import GEMMS
 
-from .cost import Budget, LayerShape, plan_metrics
+from .cost import Budget, layer_shapes, plan_metrics
 from .ilp import DEFAULT_LAMBDA, Objective, make_plan, solve, validate_candidates
 from .plan import Plan
 from .stats import LayerStats, PlannerStats
@@ -95,7 +95,7 @@ def baseline(name: str, stats: PlannerStats, budget: Budget, high: str = "fp8", 
     """The baseline plan `name` at `budget` (see the module docstring)."""
     if name.startswith("uniform_"):
         return _uniform(name, stats, budget, lam, tokens)
-    objective: Callable = baseline_objective(name, stats, low, seed=seed, keep=keep)
+    objective = baseline_objective(name, stats, low, seed=seed, keep=keep)
     return solve(stats, budget, (high, low), lam=lam, granularity="layer", tokens=tokens, time_limit=time_limit,
                  objective=objective, method=name)
 
@@ -104,8 +104,7 @@ def _uniform(name: str, stats: PlannerStats, budget: Budget, lam: float, tokens:
     p = name[len("uniform_"):]
     validate_candidates([p])
     names = [s.name for s in stats.layers]
-    shapes = {s.name: s.shape if tokens is None else
-              LayerShape(s.name, s.shape.in_features, s.shape.out_features, tokens) for s in stats.layers}
+    shapes = layer_shapes(stats.layers, tokens)
     choice = {(n, g): p for n in names for g in GEMMS}
     met = budget.satisfied_by(plan_metrics(choice, shapes, budget.cost_model))
     return make_plan(choice, names, stats, budget, (p,), lam, "layer", shapes, name, {"meets_budget": float(met)})

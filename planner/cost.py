@@ -26,7 +26,7 @@ from typing import Literal, Mapping, Protocol
 from snip_ops.formats import GEMMS, recipe
 
 __all__ = [
-    "LayerShape", "gemm_shape", "gemm_flops", "is_fp4", "CostModel", "TheoreticalCost", "PATH_SPEEDUP",
+    "LayerShape", "gemm_shape", "gemm_flops", "layer_shapes", "is_fp4", "CostModel", "TheoreticalCost", "PATH_SPEEDUP",
     "MeasuredCost", "Budget", "PlanMetrics", "plan_metrics",
 ]
 
@@ -53,6 +53,13 @@ def gemm_shape(layer: LayerShape, gemm: str) -> tuple[int, int, int]:
 def gemm_flops(layer: LayerShape, gemm: str) -> float:
     m, n, k = gemm_shape(layer, gemm)
     return 2.0 * m * n * k
+
+
+def layer_shapes(stats_layers, tokens: int | None = None) -> dict[str, LayerShape]:
+    """{layer: shape} of recorded layer statistics, with M set to `tokens` (the tokens of one training
+    step, for measured costs) when it is given."""
+    return {s.name: s.shape if tokens is None else LayerShape(s.name, s.shape.in_features, s.shape.out_features, tokens)
+            for s in stats_layers}
 
 
 def is_fp4(precision: str) -> bool:

@@ -43,7 +43,7 @@ import pulp
 from snip_ops import LinearPrecision
 from snip_ops.formats import GEMMS, recipe
 
-from .cost import Budget, LayerShape, PlanMetrics, gemm_flops, is_fp4, plan_metrics
+from .cost import Budget, LayerShape, PlanMetrics, gemm_flops, is_fp4, layer_shapes, plan_metrics
 from .exact import NODE_LIMIT, Certificate, Knapsack, fill, relax, search
 from .plan import Plan
 from .stats import LayerStats, PlannerStats
@@ -337,8 +337,7 @@ def solve(stats: PlannerStats, budget: Budget, candidates: Sequence[str] = ("fp8
     if budget.kind == "fp4_fraction" and budget.value > 0 and not any(is_fp4(c) for c in candidates):
         raise InfeasibleBudget(f"budget '{budget.describe()}' needs a 4-bit candidate; got {list(candidates)}", 0.0)
     names = [s.name for s in stats.layers]
-    shapes = {s.name: s.shape if tokens is None else
-              LayerShape(s.name, s.shape.in_features, s.shape.out_features, tokens) for s in stats.layers}
+    shapes = layer_shapes(stats.layers, tokens)
     pins = _pins(names, pinned, set(candidates) | {"bf16"})
     term = objective or partial(gemm_objective, loss=stats.loss, lam=lam, wd_units=stats.wd_units, terms=terms)
     problem = _formulate(stats, budget, candidates, term, granularity, pins, stage_groups(names, stages), shapes)
