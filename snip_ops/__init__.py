@@ -4,7 +4,7 @@ Public surface (DESIGN.md §7): `linear`, `SnipLinear`, `convert`, `quantize` / 
 `formats`, `build_info`, `self_check` (kernels are used after a self-check on each device).
 """
 
-from . import formats, self_check
+from . import formats, fsdp, self_check
 from ._ext import build_info
 from .formats import GemmRecipe, LinearPrecision, QuantSpec, Rounding, ScaleKind, recipe
 from .linear import linear

@@ -121,12 +121,39 @@ def _restored(parts: list[torch.Tensor], spec: QuantSpec | None, shape: tuple[in
     return parts[0]
 
 
-@torch.library.custom_op("snip::linear_fwd", mutates_args=())
-def _fwd(x: torch.Tensor, w: torch.Tensor, fprop: str, dgrad: str, wgrad: str, seed: int, offset: torch.Tensor,
-         emulate: bool, need_dx: bool, need_dw: bool) -> list[torch.Tensor]:
+def _prequantized_weight(parts: list[torch.Tensor], w_spec: QuantSpec | None, wt_spec: QuantSpec | None,
+                         shape: tuple[int, int], keep_wt: bool, kernels: bool) -> tuple[Operand, Operand | None]:
+    """(w for fprop, w^T for dgrad or None) from the weight's quantization made before the op (an
+    FSDP2 low-precision all-gather, snip_ops/fsdp.py): the `qparts` of w quantized with `w_spec`,
+    then, where dgrad's spec differs, those of w quantized with `wt_spec`. Both specs must be square
+    round-to-nearest blocks, for which w^T's quantization is w's transposed (the same bits as
+    quantizing w here)."""
+    specs = [w_spec] if wt_spec == w_spec else [w_spec, wt_spec]
+    if None in specs or not all(transpose_shares_quantization(s) and s.block[0] > 0 for s in specs):
+        raise ValueError(f"linear: a pre-quantized weight needs square round-to-nearest weight blocks in fprop "
+                         f"and dgrad, got {[None if s is None else s.describe() for s in specs]}")
+    n_w = num_parts(w_spec)
+    if len(parts) != sum(num_parts(s) for s in specs):
+        raise ValueError(f"linear: the pre-quantized weight has {len(parts)} parts; "
+                         f"{' + '.join(s.describe() for s in specs)} take {sum(num_parts(s) for s in specs)}")
+    wq = from_parts(parts[:n_w], w_spec, shape)
+    wtq = (wq if wt_spec == w_spec else from_parts(parts[n_w:], wt_spec, shape)).t() if keep_wt else None
+    if kernels:
+        return wq, wtq
+    return dequantize(wq), None if wtq is None else dequantize(wtq)
+
+
+# The schema is spelled out for `wq`'s `Tensor[]? = None`, which the annotations cannot express.
+@torch.library.custom_op("snip::linear_fwd", mutates_args=(), schema=(
+    "(Tensor x, Tensor? w, str fprop, str dgrad, str wgrad, int seed, Tensor offset, bool emulate, bool need_dx, "
+    "bool need_dw, Tensor[]? wq=None) -> Tensor[]"))
+def _fwd(x: torch.Tensor, w: torch.Tensor | None, fprop: str, dgrad: str, wgrad: str, seed: int,
+         offset: torch.Tensor, emulate: bool, need_dx: bool, need_dw: bool,
+         wq: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """[y, *x^T (for wgrad), *w^T (for dgrad)]: each saved operand only where backward needs its
     quantized form (not for a bf16-recipe GEMM, which uses the unquantized tensor), as `_n_saved`
-    tensors. No placeholders: zero-size tensors confuse the compiler's handling of saved tensors."""
+    tensors. No placeholders: zero-size tensors confuse the compiler's handling of saved tensors.
+    `wq` (with w None): the weight already quantized, see `_prequantized_weight`."""
     fr, dr, wr = _recipe(fprop), _recipe(dgrad), _recipe(wgrad)
     off, kernels = int(offset), _kernel_mode(x, emulate)
     keep_xt = need_dw and not wr.is_bf16
@@ -138,7 +165,9 @@ def _fwd(x: torch.Tensor, w: torch.Tensor, fprop: str, dgrad: str, wgrad: str, s
             xtq = _quantize(wgrad_operand(x, wr, seed, off), wr.act, seed, off, "xt", True, kernels)
         w_spec, wt_spec = fr.weight, dr.weight
         shared = w_spec is not None and w_spec == wt_spec and transpose_shares_quantization(w_spec)
-        if not fr.is_bf16 and keep_wt and shared and not kernels:
+        if wq is not None:
+            wq, wtq = _prequantized_weight(wq, w_spec, wt_spec, (wq[0].shape[0], x.shape[1]), keep_wt, kernels)
+        elif not fr.is_bf16 and keep_wt and shared and not kernels:
             wq = _quantize(w, w_spec, seed, off, "w", False, kernels)
             wtq = wq.t()  # the emulated weight, quantized once for both of its GEMMs
         else:  # on the kernels, w and w^T come from one fused row + column pass
@@ -148,9 +177,9 @@ def _fwd(x: torch.Tensor, w: torch.Tensor, fprop: str, dgrad: str, wgrad: str, s
 
 
 @_fwd.register_fake
-def _(x, w, fprop, dgrad, wgrad, seed, offset, emulate, need_dx, need_dw):
+def _(x, w, fprop, dgrad, wgrad, seed, offset, emulate, need_dx, need_dw, wq=None):
     dr, wr = _recipe(dgrad), _recipe(wgrad)
-    (m, k), n = x.shape, w.shape[0]
+    (m, k), n = x.shape, (w if wq is None else wq[0]).shape[0]
     kernels = _kernel_mode(x, emulate)
     xt = _saved_meta(wr.act, (k, _wgrad_tokens(m, wr)), kernels, x) if need_dw and not wr.is_bf16 else []
     wt = _saved_meta(dr.weight, (k, n), kernels, x) if need_dx and not dr.is_bf16 else []
