@@ -10,10 +10,21 @@ Under torch.distributed every rank measures on its own batch, the per-layer stat
 with one all-reduce, rank 0 solves the ILP and broadcasts the plan as JSON, and every rank installs
 that same plan. Pass the bare module, not the DDP wrapper (a DDP-wrapped model is unwrapped): the
 measurement passes must not trigger DDP's gradient synchronisation.
+
+Tensor parallelism (`tp_group`, with `dp_group` for TP x DP): the ranks of a TP group see one batch and
+one model whose layers are sharded (DTensor parameters, torch's parallel styles). The statistics are
+measured on the whole layers, gathered: every rank builds an unsharded replica of the model for the
+measurement (each DTensor parameter and Adam moment gathered whole, the styles' hooks left out), so
+what each TP rank measures is what one process holding the whole model measures. The TP group's
+first rank's statistics are then broadcast over the TP group (the ranks measured the same thing: this
+only makes them agree bit for bit), the DP replicas' statistics are averaged over `dp_group`, and
+rank 0 of the world solves and broadcasts the plan. The cost is one copy of the whole model and its
+Adam moments on every rank while it measures; `loss_fn` and `logits_fn` receive that replica.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import fnmatch
 import json
@@ -25,6 +36,7 @@ from typing import Callable, Mapping
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from snip_ops import SnipLinear, convert
 from snip_ops.formats import GEMMS
@@ -89,7 +101,8 @@ class SnipPlanner:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, config: PlannerConfig | None = None,
                  *, loss_fn: LossFn | None = None, logits_fn: LogitsFn | None = None,
                  filter_fn: Callable[[nn.Module, str], bool] | None = None,
-                 log: Callable[[str], None] | None = None, **overrides):
+                 log: Callable[[str], None] | None = None, tp_group: dist.ProcessGroup | None = None,
+                 dp_group: dist.ProcessGroup | None = None, **overrides):
         config = config or PlannerConfig()
         self.config = dataclasses.replace(config, **overrides) if overrides else config
         self.model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
@@ -97,6 +110,12 @@ class SnipPlanner:
         self.loss_fn = loss_fn or default_loss_fn
         self.logits_fn = logits_fn
         self.log = log or (lambda msg: None)
+        # Without tp_group every rank is a data-parallel replica (dp_group None: the whole world); with it,
+        # dp_group None means one replica (no data parallelism).
+        if dp_group is not None and tp_group is None:
+            raise ValueError("dp_group is for tensor parallelism x data parallelism: pass tp_group too "
+                             "(without tensor parallelism every rank is a data-parallel replica)")
+        self.tp_group, self.dp_group = tp_group, dp_group
         keep = filter_fn or (lambda mod, name: not any(fnmatch.fnmatchcase(name, p) for p in DEFAULT_EXCLUDE))
         # Plain nn.Linear layers become SnipLinear (bf16 until the first plan); converted ones keep theirs.
         convert(self.model, None, lambda mod, name: keep(mod, name) and not isinstance(mod, SnipLinear))
@@ -172,10 +191,19 @@ class SnipPlanner:
             batch = batch[:n]
         sched = self.config.schedule
         noise = sched is not None and sched.noise_ratio is not None and torch.is_tensor(batch) and batch.shape[0] >= 2
-        stats = measure(self.model, self.layers, self.optimizer, batch, loss_fn or self.loss_fn,
+        model, layers, optimizer = self.model, self.layers, self.optimizer
+        if self.tp_group is not None:
+            model, optimizer = _unsharded(self.model, self.optimizer)
+            layers = {n: model.get_submodule(n) for n in self.layers}
+        stats = measure(model, layers, optimizer, batch, loss_fn or self.loss_fn,
                         self.config.candidates, self.config.stats, self.config.divergence, step,
                         self._logits_fn(batch, loss_fn), gradient_noise=noise)
-        return _all_reduce_stats(stats, self.config.candidates) if _distributed() else stats
+        if not _distributed():
+            return stats
+        if self.tp_group is None:
+            return _reduce_stats(stats, self.config.candidates, dist.ReduceOp.SUM, None)
+        stats = _reduce_stats(stats, self.config.candidates, None, self.tp_group)
+        return _reduce_stats(stats, self.config.candidates, dist.ReduceOp.SUM, self.dp_group) if self.dp_group else stats
 
     def _logits_fn(self, batch, loss_fn: LossFn | None) -> LogitsFn | None:
         """The given logits_fn; else, for the default loss of a causal LM on a window batch [B, T+1] (the
@@ -257,15 +285,22 @@ def _collective_device() -> torch.device:
 _LAYER_FIELDS = ("out_rms", "grad_out_rms", "grad_in_rms", "weight_grad_rms", "curvature", "s_dgrad", "s_wgrad")
 
 
-def _all_reduce_stats(stats: PlannerStats, candidates: tuple[str, ...]) -> PlannerStats:
-    """The mean over ranks of every per-layer number (one all-reduce of one flat float64 tensor)."""
+def _reduce_stats(stats: PlannerStats, candidates: tuple[str, ...], op: dist.ReduceOp | None,
+                  group: dist.ProcessGroup | None) -> PlannerStats:
+    """Every per-layer number reduced over `group` (None: the world) in one collective of one flat float64
+    tensor: averaged (op SUM, then divided by the group's size), or with op None broadcast from the
+    group's first rank."""
     flat = [stats.loss]
     for s in stats.layers:
         flat += [getattr(s, f) for f in _LAYER_FIELDS]
         flat += [s.errors[p][g] for p in candidates for g in GEMMS]
     t = torch.tensor(flat, dtype=torch.float64, device=_collective_device())
-    dist.all_reduce(t)
-    values = divide_by(t, dist.get_world_size()).tolist()
+    if op is None:
+        dist.broadcast(t, src=dist.get_global_rank(group, 0), group=group)
+        values = t.tolist()
+    else:
+        dist.all_reduce(t, op=op, group=group)
+        values = divide_by(t, dist.get_world_size(group)).tolist()
     loss, pos, layers = values[0], 1, []
     for s in stats.layers:
         nums = dict(zip(_LAYER_FIELDS, values[pos:pos + len(_LAYER_FIELDS)]))
@@ -276,3 +311,39 @@ def _all_reduce_stats(stats: PlannerStats, candidates: tuple[str, ...]) -> Plann
             pos += 3
         layers.append(LayerStats(shape=s.shape, errors=errors, **nums))
     return PlannerStats(tuple(layers), loss, stats.step, stats.preconditioner, stats.diagnostics, stats.wd_units)
+
+
+def _unsharded(model: nn.Module, optimizer: torch.optim.Optimizer | None):
+    """(a replica of `model` with every DTensor parameter gathered whole and without the parallel styles'
+    hooks, an optimizer view whose Adam state is gathered whole for the replica's parameters). Collective:
+    every rank of the parameters' meshes calls it, in the same order."""
+    def whole(t):
+        return t.full_tensor() if isinstance(t, DTensor) else t
+
+    replica = copy.deepcopy(model)
+    with torch.no_grad():
+        for mod in replica.modules():
+            for name, p in list(mod.named_parameters(recurse=False)):
+                if isinstance(p, DTensor):
+                    setattr(mod, name, nn.Parameter(whole(p).detach(), requires_grad=p.requires_grad))
+            if getattr(mod, "_distribute_module_applied", False):
+                # The styles' input / output hooks (torch's distribute_module) redistribute DTensors,
+                # which the unsharded replica does not have.
+                mod._forward_pre_hooks.clear()
+                mod._forward_hooks.clear()
+                mod._distribute_module_applied = False
+    new_params = dict(zip(model.parameters(), replica.parameters()))  # setattr kept each parameter's place
+    if optimizer is None:
+        return replica, None
+    view = _OptimizerView(
+        [{**g, "params": [new_params[p] for p in g["params"] if p in new_params]} for g in optimizer.param_groups],
+        {new_params[p]: {k: whole(v) for k, v in st.items()} for p, st in optimizer.state.items() if p in new_params})
+    return replica, view
+
+
+@dataclass
+class _OptimizerView:
+    """What the statistics read of an optimizer (stats.adam_preconditioner): its groups and state."""
+
+    param_groups: list[dict]
+    state: dict

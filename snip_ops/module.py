@@ -4,6 +4,11 @@ A `SnipLinear` has exactly `nn.Linear`'s parameters (so its state dict is an `nn
 dict) plus a `precision` attribute that can be changed between steps, a fixed SR `seed`, and a step
 counter that gives every forward a fresh SR offset. Seeds derive from the module's name, so every
 data-parallel rank rounds identically.
+
+Under tensor parallelism (torch's `ColwiseParallel` / `RowwiseParallel` make the weight a sharded
+DTensor) the forward runs on the local shards with the single-process layer's quantized values
+(`snip_ops.tensor_parallel`); a precision whose scaling blocks would straddle shards is refused when
+it is set and on every forward.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from torch import nn
 
 from .formats import LinearPrecision
 from .linear import linear
+from .tensor_parallel import check_shard_blocks, sharded_linear, tp_style
 
 __all__ = ["SnipLinear", "convert", "plan_for", "DEFAULT_EXCLUDE"]
 
@@ -31,8 +37,9 @@ class SnipLinear(nn.Linear):
     """An `nn.Linear` whose three GEMMs run in `self.precision`."""
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, precision=None, seed=0,
-                 emulate=False):
+                 emulate=False, name=""):
         super().__init__(in_features, out_features, bias, device, dtype)
+        self.name = str(name)  # the layer's FQN, for error messages (set by `convert`)
         self.precision = LinearPrecision.of(precision)
         self.seed = int(seed)
         self.emulate = bool(emulate)  # True: emulated GEMMs even where kernels exist
@@ -40,19 +47,32 @@ class SnipLinear(nn.Linear):
         self.sr_step = torch.zeros((), dtype=torch.int64)
 
     @classmethod
-    def from_linear(cls, lin: nn.Linear, precision=None, seed: int = 0, emulate: bool = False) -> "SnipLinear":
+    def from_linear(cls, lin: nn.Linear, precision=None, seed: int = 0, emulate: bool = False,
+                    name: str = "") -> "SnipLinear":
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = lin.in_features, lin.out_features
         new.weight, new.bias = lin.weight, lin.bias  # shared: no copy, same Parameters
+        new.name = str(name)
         new.precision = LinearPrecision.of(precision)
+        new._check_shards(new.precision)
         new.seed = int(seed)
         new.emulate = bool(emulate)
         new.sr_step = torch.zeros((), dtype=torch.int64)
         return new
 
     def set_precision(self, precision) -> None:
-        self.precision = LinearPrecision.of(precision)
+        precision = LinearPrecision.of(precision)
+        self._check_shards(precision)
+        self.precision = precision
+
+    def _check_shards(self, precision: LinearPrecision) -> None:
+        """Refuse a precision whose scaling blocks a tensor-parallel weight's shards would split. A module
+        that torch's parallel styles sharded carries their `distribute_module` mark; FSDP2's sharded
+        parameters are DTensors too, but are gathered whole before every forward, so they are left alone."""
+        style = tp_style(self.weight) if getattr(self, "_distribute_module_applied", False) else None
+        if style is not None:
+            check_shard_blocks(self.name, style, precision, tuple(self.weight.shape), self.weight.device_mesh.size())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.precision.is_bf16:
@@ -61,6 +81,9 @@ class SnipLinear(nn.Linear):
         # was seen to read the mutated value (tests/ops/test_compile.py pins the eager semantics).
         offset = self.sr_step + 0
         self.sr_step.add_(1)
+        if tp_style(self.weight) is not None:
+            return sharded_linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset,
+                                  emulate=self.emulate, name=self.name)
         return linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset, emulate=self.emulate)
 
     def extra_repr(self) -> str:
@@ -125,7 +148,11 @@ def convert(
             if emulate is not None:
                 mod.emulate = bool(emulate)
             continue
-        new = SnipLinear.from_linear(mod, precision, seed=_seed_of(name), emulate=bool(emulate))
+        if getattr(mod, "_distribute_module_applied", False):
+            # The parallel styles' hooks and the sharded parameters belong to that module object.
+            raise ValueError(f"linear layer {name!r} was parallelized (parallelize_module) before its conversion; "
+                             "convert the model first (snip_ops.convert, or build the SnipPlanner), then parallelize")
+        new = SnipLinear.from_linear(mod, precision, seed=_seed_of(name), emulate=bool(emulate), name=name)
         if not name:  # the model itself is a linear layer
             return new
         parent_name, _, child = name.rpartition(".")
