@@ -293,9 +293,12 @@ def enable_low_precision_all_gather(model: nn.Module) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise TypeError(f"enable_low_precision_all_gather expects an nn.Module, got {type(model).__name__}")
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, SnipLinear)]
-    if any(isinstance(m.weight, DTensor) for _, m in layers):
-        raise ValueError("enable_low_precision_all_gather must be called before fully_shard "
-                         "(a SnipLinear weight is already a DTensor)")
+    sharded = [name for name, m in layers if isinstance(m.weight, DTensor)]
+    if sharded:
+        raise ValueError(f"the weight of SnipLinear {sharded[0]!r} is already a DTensor: call "
+                         "enable_low_precision_all_gather before fully_shard. Under tensor parallelism "
+                         "(parallelize_module) the weights are DTensors from the start: quantized all-gathers "
+                         "do not support tensor parallelism yet (FSDP2 + TP gathers in full precision)")
     root = weakref.ref(model)
     for name, mod in layers:
         if isinstance(mod.weight, ShardedWeight):

@@ -22,7 +22,7 @@ from torch import nn
 
 from .formats import LinearPrecision
 from .linear import linear
-from .tensor_parallel import check_shard_blocks, sharded_linear, tp_style
+from .tensor_parallel import check_shard_blocks, sharded_linear, tp_size, tp_style
 
 __all__ = ["SnipLinear", "convert", "plan_for", "DEFAULT_EXCLUDE"]
 
@@ -72,7 +72,7 @@ class SnipLinear(nn.Linear):
         parameters are DTensors too, but are gathered whole before every forward, so they are left alone."""
         style = tp_style(self.weight) if getattr(self, "_distribute_module_applied", False) else None
         if style is not None:
-            check_shard_blocks(self.name, style, precision, tuple(self.weight.shape), self.weight.device_mesh.size())
+            check_shard_blocks(self.name, style, precision, tuple(self.weight.shape), tp_size(self.weight))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.precision.is_bf16:

@@ -55,7 +55,7 @@ from .gemm import fp32_mm, operand_offset, transpose_shares_quantization, wgrad_
 from .linear import linear
 from .quantize import dequantize, quantize
 
-__all__ = ["COLWISE", "ROWWISE", "tp_style", "check_shard_blocks", "sharded_linear", "split_reduction_bound"]
+__all__ = ["COLWISE", "ROWWISE", "tp_style", "tp_size", "check_shard_blocks", "sharded_linear", "split_reduction_bound"]
 
 COLWISE, ROWWISE = "colwise", "rowwise"
 
@@ -74,20 +74,28 @@ _DIM_NAMES = {("w", 0): "out_features", ("w", 1): "in_features", ("dy", 1): "out
 
 def tp_style(weight: torch.Tensor) -> str | None:
     """COLWISE or ROWWISE for a weight DTensor sharded on dim 0 / 1 of a 1-D mesh; None for a plain
-    tensor or a replicated DTensor (nothing to do: the layer runs on the local copy)."""
+    tensor or a replicated DTensor (nothing to do: the layer runs on the local copy). Under FSDP2 + TP
+    the weight rests on a 2-D mesh, FSDP's dimension first and TP's last; FSDP gathers its dimension
+    before every forward, so the layer computes with the TP placement, the one returned."""
     if not isinstance(weight, DTensor):
         return None
     placements = weight.placements
-    if weight.device_mesh.ndim != 1:
+    if weight.device_mesh.ndim not in (1, 2):
         raise NotImplementedError(f"SnipLinear: a weight on a {weight.device_mesh.ndim}-D device mesh "
-                                  f"({placements}) is not supported; tensor parallelism takes a 1-D mesh")
-    (p,) = placements
+                                  f"({placements}) is not supported; tensor parallelism takes a 1-D mesh "
+                                  "(2-D with FSDP2 outside it)")
+    p = placements[-1]
     if isinstance(p, Replicate):
         return None
     if isinstance(p, Shard) and p.dim in (0, 1):
         return COLWISE if p.dim == 0 else ROWWISE
     raise NotImplementedError(f"SnipLinear: weight placement {p} is not supported (Shard(0): colwise, "
                               "Shard(1): rowwise, Replicate())")
+
+
+def tp_size(weight: DTensor) -> int:
+    """The number of tensor-parallel ranks a weight's shards span (its mesh's last dimension)."""
+    return weight.device_mesh.size(weight.device_mesh.ndim - 1)
 
 
 def _boundaries(size: int, world: int) -> list[int]:

@@ -239,3 +239,19 @@ def test_misaligned_layer_falls_back_with_one_warning(runs):
             (message,) = rank_runs[(name, True)]["warnings"]
             assert f"layer {layer!r}" in message and f"{rows} weight rows" in message
     assert all(not rank_runs[("nvfp4", True)]["warnings"] for rank_runs in runs)  # 48-row shards of 16x16 blocks
+
+
+def test_weights_that_are_already_dtensors_are_refused_clearly():
+    """After fully_shard, or under tensor parallelism, the weights are DTensors: a clear error naming the
+    layer (in one process: a one-rank group)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = parallelize_module(snip_ops.convert(nn.Sequential(nn.Linear(32, 32)), "fp8"), init_device_mesh("cpu", (1,)),
+                                   {"0": ColwiseParallel()})
+        with pytest.raises(ValueError, match=r"SnipLinear '0' is already a DTensor.*tensor parallelism"):
+            enable_low_precision_all_gather(model)
+    finally:
+        dist.destroy_process_group()

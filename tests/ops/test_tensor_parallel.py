@@ -232,3 +232,52 @@ def test_block_checks_name_the_layer_the_shard_and_the_block():
     rowwise_scaled = LinearPrecision("bf16", wgrad="fp8")  # only wgrad quantized: x^T's blocks run along M
     check_shard_blocks("down", ROWWISE, rowwise_scaled, (128, 200), 2)
     check_shard_blocks("up", COLWISE, LinearPrecision("fp8"), (192, 128), 1)  # one rank: nothing is split
+
+
+def _fsdp_tp_on_ranks(rank: int) -> dict:
+    """The MLP under FSDP2 + TP (a 2-D mesh, FSDP's dimension of size 1 here: 2 processes) against TP
+    alone, with a plan change between steps; then a plan that would split a block."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+    from snip_ops import convert
+
+    plan = {"0": SequenceParallel(), "1": ColwiseParallel(input_layouts=Shard(1)),
+            "3": RowwiseParallel(output_layouts=Shard(1))}
+    seq = slice(rank * S // WORLD, (rank + 1) * S // WORLD)
+    out = {}
+    for name, mesh_shape in (("tp", (WORLD,)), ("fsdp_tp", (1, WORLD))):
+        mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("tp",) if len(mesh_shape) == 1 else ("dp", "tp"))
+        tp_mesh = mesh["tp"] if len(mesh_shape) == 2 else mesh
+        model = parallelize_module(_mlp(), tp_mesh, plan)
+        if len(mesh_shape) == 2:
+            fully_shard(model, mesh=mesh["dp"])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses = []
+        for step, x in enumerate(_batches()):
+            convert(model, "fp4" if step < 2 else "nvfp4")  # a plan change between steps
+            loss = DTensor.from_local(model(x[:, seq]), tp_mesh, [Shard(1)]).pow(2).mean().full_tensor()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        out[name] = losses
+        if len(mesh_shape) == 2:
+            try:
+                model[1].set_precision("fp8")  # 256 / 2 = 128 rows per shard: whole 128x128 blocks
+                small = parallelize_module(convert(nn.Sequential(nn.Linear(H, 192)), "bf16"), tp_mesh,
+                                           {"0": ColwiseParallel()})
+                fully_shard(small, mesh=mesh["dp"])
+                small[0].set_precision("fp8")  # 96 rows per shard would split a 128x128 block
+                out["refused"] = None
+            except ValueError as e:
+                out["refused"] = str(e)
+    return out
+
+
+def test_fsdp2_with_tensor_parallel_trains_like_tensor_parallel_alone():
+    for r in run_on_ranks(_fsdp_tp_on_ranks):
+        assert r["fsdp_tp"] == r["tp"]  # FSDP2 over a dimension of one rank changes no number
+        assert r["refused"] is not None and "shards of 96" in r["refused"] and "128x128" in r["refused"]
