@@ -24,7 +24,7 @@ import torch
 
 from . import philox
 
-__all__ = ["HADAMARD_SIZE", "rht_signs", "random_hadamard", "hadamard_matrix", "padded_tokens"]
+__all__ = ["HADAMARD_SIZE", "rht_signs", "sign_mask", "random_hadamard", "hadamard_matrix", "padded_tokens"]
 
 HADAMARD_SIZE = 16
 
@@ -47,6 +47,11 @@ def rht_signs(seed: int, offset: int, size: int = HADAMARD_SIZE, device=None) ->
     return 1.0 - 2.0 * (words >> 31).to(torch.float32)
 
 
+def sign_mask(signs: torch.Tensor) -> int:
+    """The signs as the native quantizer takes them: bit j set where sign j is -1."""
+    return sum(1 << j for j, s in enumerate(signs.tolist()) if s < 0)
+
+
 def random_hadamard(t: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
     """float32 T t for t [M, N] (T acting on the M dimension, `signs` [size]): [padded_tokens(M), N]."""
     if not isinstance(t, torch.Tensor) or t.dim() != 2:
@@ -57,17 +62,18 @@ def random_hadamard(t: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
     _check_size(size)
     m, n = t.shape
     v = t.float()
-    pad = padded_tokens(m, size) - m
-    if pad:
-        v = torch.nn.functional.pad(v, (0, 0, 0, pad))
-    v = v.reshape(-1, size, n) * signs.to(device=t.device, dtype=torch.float32).reshape(1, size, 1)
+    rows = padded_tokens(m, size)
+    if rows > m:
+        v = torch.nn.functional.pad(v, (0, 0, 0, rows - m))
+    groups = rows // size
+    v = v.reshape(groups, size, n) * signs.to(device=t.device, dtype=torch.float32).reshape(1, size, 1)
     h = 1
     while h < size:
-        pairs = v.reshape(v.shape[0], size // (2 * h), 2, h, n)
+        pairs = v.reshape(groups, size // (2 * h), 2, h, n)
         a, b = pairs[:, :, 0], pairs[:, :, 1]
-        v = torch.stack((a + b, a - b), dim=2).reshape(v.shape[0], size, n)
+        v = torch.stack((a + b, a - b), dim=2).reshape(groups, size, n)
         h *= 2
-    return (v * (1.0 / size**0.5)).reshape(-1, n)
+    return (v * (1.0 / size**0.5)).reshape(rows, n)
 
 
 def hadamard_matrix(size: int = HADAMARD_SIZE, dtype: torch.dtype = torch.float64) -> torch.Tensor:

@@ -25,7 +25,8 @@ same quantized values. A GEMM whose recipe is bf16 runs on the unquantized opera
 0-d int64 tensor (so a new offset each step does not recompile); operand `o` of a call draws its SR
 bits at offset `gemm.operand_offset(offset, o)`. Under a recipe with `wgrad_hadamard` (nvfp4_train)
 x^T and dy^T are quantized from their random Hadamard transforms T x and T dy (tokens padded to the
-transform size, `gemm.wgrad_operand`), so those two are quantized apart from x and dy.
+transform size, `gemm.wgrad_operand`), so those two are quantized apart from x and dy; the native
+quantizer applies the transform itself (`quantize.quantize_hadamard_t`).
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ from . import _ext
 from .formats import GemmRecipe, LinearPrecision, QuantSpec
 from .gemm import emulated_operand, fp32_mm, operand_offset, transpose_shares_quantization, wgrad_operand
 from .gemm_kernels import qgemm, scale_layout_for
-from .hadamard import padded_tokens
+from .hadamard import padded_tokens, rht_signs
 from .qparts import from_parts, meta_parts, num_parts, to_parts
-from .quantize import dequantize, quantize, quantize_rowcol
+from .quantize import dequantize, quantize, quantize_hadamard_t, quantize_rowcol
 from .reference import QTensor
 
 __all__ = ["linear"]
@@ -72,6 +73,16 @@ def _quantize(t, spec, seed, offset, operand, transpose, kernels) -> Operand:
         return quantize(t, spec, seed=seed, offset=operand_offset(offset, operand), transpose=transpose,
                         scale_layout=scale_layout_for(spec, t.device))
     return emulated_operand(t, spec, seed, offset, operand, transpose)
+
+
+def _quantize_hadamard_t(t, wr: GemmRecipe, spec, seed, offset, operand, kernels) -> Operand:
+    """t's wgrad operand under a recipe with a Hadamard transform: (T t)^T quantized (hadamard.py), by
+    the native quantizer with the transform fused in where it exists, else emulated."""
+    if kernels:
+        signs = rht_signs(seed, operand_offset(offset, "rht"), wr.wgrad_hadamard)
+        return quantize_hadamard_t(t, spec, signs, seed=seed, offset=operand_offset(offset, operand),
+                                   scale_layout=scale_layout_for(spec, t.device))
+    return emulated_operand(wgrad_operand(t, wr, seed, offset), spec, seed, offset, operand, transpose=True)
 
 
 def _quantize_both(t: torch.Tensor, row: QuantSpec | None, col: QuantSpec | None, need_row: bool, need_col: bool,
@@ -162,7 +173,7 @@ def _fwd(x: torch.Tensor, w: torch.Tensor | None, fprop: str, dgrad: str, wgrad:
         rht = keep_xt and wr.wgrad_hadamard  # x^T is then quantized from T x, not from x
         xq, xtq = _quantize_both(x, fr.act, wr.act, not fr.is_bf16, keep_xt and not rht, seed, off, "x", "xt", kernels)
         if rht:
-            xtq = _quantize(wgrad_operand(x, wr, seed, off), wr.act, seed, off, "xt", True, kernels)
+            xtq = _quantize_hadamard_t(x, wr, wr.act, seed, off, "xt", kernels)
         w_spec, wt_spec = fr.weight, dr.weight
         shared = w_spec is not None and w_spec == wt_spec and transpose_shares_quantization(w_spec)
         if wq is not None:
@@ -202,7 +213,7 @@ def _bwd(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: to
         dyq, dytq = _quantize_both(dy, dr.grad, wr.grad, need_dx and not dr.is_bf16,
                                    need_dw and not wr.is_bf16 and not rht, seed, off, "dy", "dyt", kernels)
         if rht:
-            dytq = _quantize(wgrad_operand(dy, wr, seed, off), wr.grad, seed, off, "dyt", True, kernels)
+            dytq = _quantize_hadamard_t(dy, wr, wr.grad, seed, off, "dyt", kernels)
         if need_dx:
             out.append((dy @ w).to(dy.dtype) if dr.is_bf16
                        else _gemm(dyq, _restored(wt, dr.weight, (in_features, n), kernels), dy.dtype))

@@ -22,10 +22,11 @@ import torch
 
 from . import _ext, philox, reference
 from .formats import E2M1, E4M3, E5M2, QuantSpec, Rounding, ScaleKind
+from .hadamard import HADAMARD_SIZE, padded_tokens, random_hadamard, sign_mask
 from .reference import QTensor
 from .scale_layout import to_blackwell
 
-__all__ = ["quantize", "quantize_rowcol", "dequantize", "fake_quantize", "kernel_supports"]
+__all__ = ["quantize", "quantize_rowcol", "quantize_hadamard_t", "dequantize", "fake_quantize", "kernel_supports"]
 
 _KERNEL_ELEMENTS = (E4M3, E5M2, E2M1)
 _KERNEL_BLOCKS = ((1, 16), (1, 32), (1, 128), (16, 16), (128, 128))
@@ -54,7 +55,8 @@ def _int64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _kernel_quantize(x, spec, seed, offset, offset_t, rowwise, colwise, tensor_amax, checked, scale_layout):
+def _kernel_quantize(x, spec, seed, offset, offset_t, rowwise, colwise, tensor_amax, checked, scale_layout,
+                     hadamard_signs=-1):
     if checked and not bool(torch.isfinite(x).all()):
         raise ValueError("quantize: input contains NaN or Inf (checked mode)")
     if spec.scale != ScaleKind.NVFP4 and tensor_amax is not None:
@@ -68,12 +70,13 @@ def _kernel_quantize(x, spec, seed, offset, offset_t, rowwise, colwise, tensor_a
         tensor_amax = torch.as_tensor(tensor_amax, dtype=torch.float32, device=x.device)
     codes, scales, codes_t, scales_t, ts = torch.ops.snip_C.quantize(
         x, spec.describe(), rowwise, colwise, _int64(seed), _int64(offset), _int64(offset_t), tensor_amax,
-        scale_layout == "blackwell", 1
+        scale_layout == "blackwell", 1, hadamard_signs
     )
     ts = ts if spec.scale == ScaleKind.NVFP4 else None
     rows, cols = x.shape
+    rows_t = padded_tokens(rows) if hadamard_signs >= 0 else rows  # T x has x's rows padded to whole groups
     row = QTensor(codes, scales, spec, (rows, cols), ts, scale_layout) if rowwise else None
-    col = QTensor(codes_t, scales_t, spec, (cols, rows), ts, scale_layout) if colwise else None
+    col = QTensor(codes_t, scales_t, spec, (cols, rows_t), ts, scale_layout) if colwise else None
     return row, col
 
 
@@ -141,6 +144,22 @@ def quantize_rowcol(
     row = _in_layout(reference.quantize(x, spec, offset=offset, **kw), scale_layout) if rowwise else None
     col = _in_layout(reference.quantize(x, spec, offset=offset_t, transpose=True, **kw), scale_layout) if colwise else None
     return row, col
+
+
+def quantize_hadamard_t(x: torch.Tensor, spec: QuantSpec, signs: torch.Tensor, *, seed: int = 0, offset: int = 0,
+                        scale_layout: str = "plain") -> QTensor:
+    """`quantize(random_hadamard(x, signs), spec, transpose=True, ...)`: (T x)^T, the wgrad operand of a
+    recipe with a random Hadamard transform (hadamard.py), bit for bit. With 1x16 blocks and the 16
+    signs the native quantizer does it in one op: on a GPU the transform runs inside the column pass
+    (and the NVFP4 tensor-amax pass), with no T x in memory; on the CPU its host implementation."""
+    reference.check_input(x)
+    reference.check_scale_layout(spec, scale_layout)
+    if signs.numel() == HADAMARD_SIZE and spec.block == (1, HADAMARD_SIZE) and _use_kernel(x, spec):
+        _, col = _kernel_quantize(x, spec, seed, offset, offset, False, True, None, False, scale_layout,
+                                  sign_mask(signs))
+        return col
+    return quantize(random_hadamard(x, signs), spec, seed=seed, offset=offset, transpose=True,
+                    scale_layout=scale_layout)
 
 
 def dequantize(q: QTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -97,8 +97,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     i32, i64, u64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p
     output = [ptr, i64, i64, ptr, i64, u64]  # codes, ld, inner_store, scales, nblk, offset
     lib.snip_quantize.argtypes = [i32, ptr, i32, i64, i64, i64, i32, i32, i32, i32, i32, u64, *output, *output, i32,
-                                  ptr, ptr]
+                                  ptr, ptr, i64]
     lib.snip_quantize_tensor_amax.argtypes = [ptr, i32, i64, i64, i64, ptr]
+    lib.snip_quantize_tensor_amax_hadamard.argtypes = [ptr, i32, i64, i64, i64, ctypes.c_uint32, ptr]
     lib.snip_dequantize.argtypes = [ptr, i64, ptr, i64, ptr, i32, i32, i32, i32, i64, i64, ptr, i32]
     lib.snip_adamw_blocks.argtypes = [i64, i64]
     lib.snip_adamw_blocks.restype = i64
@@ -184,16 +185,19 @@ def _shapes(spec: QuantSpec, outer: int, inner: int, pad: int, blackwell: bool):
 
 
 def quantize(x: torch.Tensor, spec: QuantSpec, rowwise=True, colwise=False, seed=0, offset=0, offset_t=0,
-             tensor_amax=None, blackwell=False, pad=1):
+             tensor_amax=None, blackwell=False, pad=1, hadamard_signs=-1):
     """snip_C::quantize on the CPU: (codes, scales, codes_t, scales_t, tensor_scale), each the op's
-    shape and dtype; unrequested outputs are empty."""
+    shape and dtype; unrequested outputs are empty. hadamard_signs >= 0: the column output of T x,
+    transformed inside the CUDA kernels (the op's CUDA path)."""
     lib = load()
     rows, cols = x.shape
+    hadamard = hadamard_signs >= 0
+    rows_t = _ceil_div(rows, 16) * 16 if hadamard else rows  # T x's rows: x's padded to whole groups
     assert x.stride(1) == 1 and (rowwise or colwise)  # empty inputs launch nothing: the op's torch side
     nvfp4 = spec.scale == ScaleKind.NVFP4
     xg = Guarded.copy_of(x)
     outputs = [(on, *_shapes(spec, outer, inner, pad, blackwell), off)
-               for on, outer, inner, off in ((rowwise, rows, cols, offset), (colwise, cols, rows, offset_t))]
+               for on, outer, inner, off in ((rowwise, rows, cols, offset), (colwise, cols, rows_t, offset_t))]
     # Blackwell scales start as zeros (finite padding) when an output's real blocks leave atoms uncovered.
     zero_sf = blackwell and any(on and (shape[0] % 128 != 0 or nblk % 4 != 0)
                                 for on, shape, _, _, nblk, _ in outputs)
@@ -215,13 +219,18 @@ def quantize(x: torch.Tensor, spec: QuantSpec, rowwise=True, colwise=False, seed
             amax = Guarded.copy_of(torch.as_tensor(tensor_amax, dtype=torch.float32).reshape(()))
         else:
             amax = Guarded.output((), torch.float32, zero=True)
-            check_launch(lib, lib.snip_quantize_tensor_amax(xg.tensor.data_ptr(), DTYPE[x.dtype], rows, cols,
-                                                            x.stride(0), amax.tensor.data_ptr()))
+            if hadamard:
+                check_launch(lib, lib.snip_quantize_tensor_amax_hadamard(
+                    xg.tensor.data_ptr(), DTYPE[x.dtype], rows, cols, x.stride(0), hadamard_signs,
+                    amax.tensor.data_ptr()))
+            else:
+                check_launch(lib, lib.snip_quantize_tensor_amax(xg.tensor.data_ptr(), DTYPE[x.dtype], rows, cols,
+                                                                x.stride(0), amax.tensor.data_ptr()))
     tile = colwise or spec.block[0] != 1
     check_launch(lib, lib.snip_quantize(
         tile, xg.tensor.data_ptr(), DTYPE[x.dtype], rows, cols, x.stride(0), ELEM[spec.element.name], spec.block[0],
         spec.block[1], SCALE_KIND[spec.scale], spec.rounding == Rounding.SR, seed % 2**64, *args, blackwell,
-        amax.tensor.data_ptr() if nvfp4 else None, ts.tensor.data_ptr() if nvfp4 else None))
+        amax.tensor.data_ptr() if nvfp4 else None, ts.tensor.data_ptr() if nvfp4 else None, hadamard_signs))
     out = []
     for name, g in zip(("codes", "codes_t"), guarded):
         if g is None:

@@ -13,6 +13,9 @@ enum class InputDType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 enum class Elem : int { kE4M3 = 0, kE5M2 = 1, kE2M1 = 2 };
 enum class ScaleKind : int { kFP32 = 0, kPow2 = 1, kE8M0 = 2, kNVFP4 = 3 };
 
+// Points of nvfp4_train's random Hadamard transform (hadamard.cuh): one group per 1x16 block.
+constexpr int kHadamardSize = 16;
+
 // The kernel-backed subset of formats.QuantSpec: blocks (1, 16|32|128) or (16|128, same).
 struct Spec {
   Elem elem;
@@ -43,6 +46,11 @@ struct Args {
   Output row, col;
   const float* tensor_amax;  // NVFP4: device float32 tensor amax (read by the kernels, no host sync)
   float* tensor_scale;       // NVFP4: device float32 written with the tensor scale
+  // The column output quantizes (T x)^T, T the 16-point random Hadamard transform on x's rows with
+  // these signs (hadamard.cuh): column-only, 1x16 blocks; rows of x past `rows` up to col.inner_store
+  // are zeros that the transform mixes in (the caller pads that to a multiple of 16).
+  bool hadamard = false;
+  uint32_t hadamard_signs = 0;
 };
 
 #if SNIP_WITH_CUDA
@@ -54,6 +62,9 @@ cudaError_t launch_quantize_tile(const Args& a, cudaStream_t stream);
 // non-finite result (quantize_amax.cu).
 cudaError_t launch_quantize_tensor_amax(const void* x, InputDType dtype, int64_t rows, int64_t cols, int64_t ld,
                                         float* amax, cudaStream_t stream);
+// The same for T x, x's rows zero-padded to a multiple of 16 (quantize_amax.cu).
+cudaError_t launch_quantize_tensor_amax_hadamard(const void* x, InputDType dtype, int64_t rows, int64_t cols,
+                                                 int64_t ld, uint32_t signs, float* amax, cudaStream_t stream);
 
 // Codes + plain scales -> float32 or bfloat16 values [rows, cols] contiguous (dequantize.cu).
 // `codes` [rows, >= cols] with row stride ld bytes; scales [>= ceil(rows / block_rows),

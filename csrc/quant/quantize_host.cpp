@@ -23,6 +23,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "quant/hadamard.cuh"
 #include "quant/quant_math.cuh"
 
 namespace snip::quant {
@@ -250,6 +251,24 @@ float tensor_amax(const void* x, int64_t rows, int64_t cols, int64_t ld) {
   return u2f(m);
 }
 
+template <typename T>
+void hadamard_rows(const void* x, int64_t rows, int64_t cols, int64_t ld, uint32_t signs, float* out) {
+  const int64_t groups = (rows + kHadamardSize - 1) / kHadamardSize;
+  at::parallel_for(0, groups, std::max<int64_t>(1, kGrainElements / (kHadamardSize * std::max<int64_t>(cols, 1))),
+                   [&](int64_t g_begin, int64_t g_end) {
+    float v[kHadamardSize];
+    for (int64_t g = g_begin; g < g_end; ++g)
+      for (int64_t c = 0; c < cols; ++c) {
+        for (int p = 0; p < kHadamardSize; ++p) {
+          const int64_t r = g * kHadamardSize + p;
+          v[p] = r < rows ? static_cast<float>(static_cast<const T*>(x)[r * ld + c]) : 0.0f;
+        }
+        hadamard16(v, signs);
+        for (int p = 0; p < kHadamardSize; ++p) out[(g * kHadamardSize + p) * cols + c] = v[p];
+      }
+  });
+}
+
 // Elements c0 .. c0+n-1 of a row of codes (FP4: c0 even) decoded and times their block's scale s.
 template <Elem E>
 SNIP_VECTORIZED void decode_run(const uint8_t* __restrict row, int64_t c0, int64_t n, const float* __restrict value,
@@ -302,6 +321,15 @@ float quantize_tensor_amax_host(const void* x, InputDType dtype, int64_t rows, i
     case InputDType::kBFloat16: return tensor_amax<c10::BFloat16>(x, rows, cols, ld);
   }
   return u2f(kNaNBits);
+}
+
+void hadamard_rows_host(const void* x, InputDType dtype, int64_t rows, int64_t cols, int64_t ld, uint32_t signs,
+                        float* out) {
+  switch (dtype) {
+    case InputDType::kFloat32: return hadamard_rows<float>(x, rows, cols, ld, signs, out);
+    case InputDType::kFloat16: return hadamard_rows<c10::Half>(x, rows, cols, ld, signs, out);
+    case InputDType::kBFloat16: return hadamard_rows<c10::BFloat16>(x, rows, cols, ld, signs, out);
+  }
 }
 
 void quantize_host(const Args& a) {

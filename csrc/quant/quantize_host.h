@@ -11,6 +11,11 @@ namespace snip::quant {
 // max |x| of the whole tensor; NaN/Inf give a non-finite result (launch_quantize_tensor_amax).
 float quantize_tensor_amax_host(const void* x, InputDType dtype, int64_t rows, int64_t cols, int64_t ld);
 
+// T x (hadamard.cuh) into `out`, float32 [round_up(rows, 16), cols] contiguous: x's rows zero-padded
+// to whole groups of 16, then transformed.
+void hadamard_rows_host(const void* x, InputDType dtype, int64_t rows, int64_t cols, int64_t ld, uint32_t signs,
+                        float* out);
+
 // Every requested output of `a` (launch_quantize_rows / launch_quantize_tile); a.tensor_amax and
 // a.tensor_scale point to host memory.
 void quantize_host(const Args& a);

@@ -12,6 +12,11 @@
 // its operand zero-padded along its inner (reduction) dimension, which is what TMA / the GEMM's K
 // tiling want. Padding elements get code 0; blocks made only of padding get scale 1. SR bits
 // depend on the element's index in the unpadded x only, so padding never shifts them.
+//
+// hadamard_signs >= 0 (a 16-bit sign mask; column output only, 1x16 blocks): codes_t is (T x)^T,
+// T the 16-point random Hadamard transform on x's rows (quant/hadamard.cuh), x's rows zero-padded to
+// M16 = round_up(M, 16) first: codes_t [K, round_up(M16, pad)]; SR indices and the NVFP4 tensor amax
+// are those of T x [M16, K] (snip_ops.hadamard.random_hadamard, then the reference quantization).
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -64,7 +69,8 @@ struct Checked {
 };
 
 Checked check_args(const at::Tensor& x, c10::string_view spec, bool rowwise, bool colwise,
-                   const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad) {
+                   const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad,
+                   int64_t hadamard_signs) {
   TORCH_CHECK(x.dim() == 2, kOp, "x must be 2-D [rows, cols], got ", x.dim(), "-D");
   const quant::InputDType dt = quant::input_dtype(x.scalar_type(), kOp);
   // sym_: reading a plain stride would specialize every symbolic size under torch.compile.
@@ -76,6 +82,15 @@ Checked check_args(const at::Tensor& x, c10::string_view spec, bool rowwise, boo
   TORCH_CHECK(!blackwell_sf || ((s.scale == quant::ScaleKind::kE8M0 || s.scale == quant::ScaleKind::kNVFP4) &&
                                 (s.block_cols == 16 || s.block_cols == 32)),
               kOp, "blackwell_sf needs 1-byte scales (e8m0, nvfp4) on 16- or 32-element blocks, got spec ", spec);
+  TORCH_CHECK(hadamard_signs >= -1 && hadamard_signs < (1 << quant::kHadamardSize), kOp,
+              "hadamard_signs must be -1 (no transform) or a ", quant::kHadamardSize, "-bit sign mask, got ",
+              hadamard_signs);
+  if (hadamard_signs >= 0) {
+    TORCH_CHECK(colwise && !rowwise, kOp, "the Hadamard transform applies to the column output only "
+                "(rowwise=False, colwise=True)");
+    TORCH_CHECK(s.block_rows == 1 && s.block_cols == quant::kHadamardSize, kOp,
+                "the Hadamard transform needs 1x16 blocks (one transform group per block), got spec ", spec);
+  }
   if (tensor_amax.has_value()) {
     TORCH_CHECK(s.scale == quant::ScaleKind::kNVFP4, kOp, "tensor_amax is only used by nvfp4 scaling");
     TORCH_CHECK(tensor_amax->numel() == 1 && at::isFloatingType(tensor_amax->scalar_type()), kOp,
@@ -90,8 +105,10 @@ using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Te
 // Allocates every output (`zero_padded_sf`: Blackwell scales whose atoms are not all covered by
 // real blocks start as zeros, so their padding is finite).
 Result allocate(const at::Tensor& x, const Spec& s, bool rowwise, bool colwise, bool blackwell, int64_t pad,
-                bool zero_padded_sf) {
-  const c10::SymInt M = x.sym_size(0), K = x.sym_size(1);
+                bool zero_padded_sf, bool hadamard) {
+  // Under the Hadamard transform the column output is that of T x, whose rows are x's padded to 16.
+  const c10::SymInt K = x.sym_size(1);
+  const c10::SymInt M = hadamard ? round_up(x.sym_size(0), quant::kHadamardSize) : x.sym_size(0);
   const auto codes_opt = x.options().dtype(quant::codes_dtype(s));
   const auto scales_opt = x.options().dtype(quant::scales_dtype(s));
   auto scales_alloc = [&](const std::vector<c10::SymInt>& shape) {
@@ -133,11 +150,25 @@ quant::Output output_of(const at::Tensor& codes, const at::Tensor& scales, const
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
     const at::Tensor& x, c10::string_view spec, bool rowwise, bool colwise, int64_t seed, int64_t offset,
-    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad) {
-  const auto [s, dt] = check_args(x, spec, rowwise, colwise, tensor_amax, blackwell_sf, pad);
+    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad,
+    int64_t hadamard_signs) {
+  const auto [s, dt] = check_args(x, spec, rowwise, colwise, tensor_amax, blackwell_sf, pad, hadamard_signs);
   const bool cpu = x.is_cpu();
   TORCH_CHECK(cpu || x.is_cuda(), kOp, "x must be a CUDA or CPU tensor, got device ", x.device());
+  const bool hadamard = hadamard_signs >= 0;
+  const uint32_t signs = hadamard ? uint32_t(hadamard_signs) : 0u;
+  // On the CPU the transform is applied up front (the host implementation of the same arithmetic) and
+  // T x quantized as any input; the CUDA kernels transform inside the quantization pass.
+  at::Tensor tx;
+  if (hadamard && cpu) {
+    tx = at::empty({(x.size(0) + quant::kHadamardSize - 1) / quant::kHadamardSize * quant::kHadamardSize, x.size(1)},
+                   x.options().dtype(at::kFloat));
+    quant::hadamard_rows_host(x.data_ptr(), dt, x.size(0), x.size(1), x.stride(0), signs, tx.data_ptr<float>());
+  }
+  const at::Tensor& src = tx.defined() ? tx : x;
+  const quant::InputDType src_dt = tx.defined() ? quant::InputDType::kFloat32 : dt;
   const int64_t M = x.size(0), K = x.size(1);
+  const int64_t M_out = hadamard ? (M + quant::kHadamardSize - 1) / quant::kHadamardSize * quant::kHadamardSize : M;
 #if SNIP_WITH_CUDA
   std::optional<c10::cuda::CUDAGuard> guard;
   cudaStream_t stream = nullptr;
@@ -151,8 +182,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
     const int64_t nblk = ((inner + pad - 1) / pad * pad + s.block_cols - 1) / s.block_cols;
     return outer % 128 != 0 || nblk % 4 != 0;
   };
-  const bool zero_sf = blackwell_sf && ((rowwise && padded_sf(M, K)) || (colwise && padded_sf(K, M)));
-  auto [codes, scales, codes_t, scales_t, tensor_scale] = allocate(x, s, rowwise, colwise, blackwell_sf, pad, zero_sf);
+  const bool zero_sf = blackwell_sf && ((rowwise && padded_sf(M, K)) || (colwise && padded_sf(K, M_out)));
+  auto [codes, scales, codes_t, scales_t, tensor_scale] =
+      allocate(x, s, rowwise, colwise, blackwell_sf, pad, zero_sf, hadamard);
 
   const bool nvfp4 = s.scale == quant::ScaleKind::kNVFP4;
   at::Tensor amax;
@@ -160,13 +192,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
     if (tensor_amax.has_value()) {
       amax = tensor_amax->to(x.device(), at::kFloat).reshape({}).contiguous();
     } else if (cpu) {
-      amax = at::full({}, quant::quantize_tensor_amax_host(x.data_ptr(), dt, M, K, x.stride(0)),
+      amax = at::full({}, quant::quantize_tensor_amax_host(src.data_ptr(), src_dt, src.size(0), K, src.stride(0)),
                       x.options().dtype(at::kFloat));
     } else {
       amax = at::zeros({}, x.options().dtype(at::kFloat));
 #if SNIP_WITH_CUDA
-      C10_CUDA_CHECK(quant::launch_quantize_tensor_amax(x.data_ptr(), dt, M, K, x.stride(0), amax.data_ptr<float>(),
-                                                        stream));
+      C10_CUDA_CHECK(hadamard ? quant::launch_quantize_tensor_amax_hadamard(x.data_ptr(), dt, M, K, x.stride(0), signs,
+                                                                            amax.data_ptr<float>(), stream)
+                              : quant::launch_quantize_tensor_amax(x.data_ptr(), dt, M, K, x.stride(0),
+                                                                   amax.data_ptr<float>(), stream));
 #endif
     }
   }
@@ -184,15 +218,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
   }
 
   quant::Args a{};
-  a.x = x.data_ptr();
-  a.dtype = dt;
-  a.rows = M;
+  a.x = src.data_ptr();
+  a.dtype = src_dt;
+  a.rows = src.size(0);  // the CUDA kernels read x's M rows and transform M_out of them (zeros past M)
   a.cols = K;
-  a.ld = x.stride(0);
+  a.ld = src.stride(0);
   a.spec = s;
   a.seed = uint64_t(seed);
+  a.hadamard = hadamard && !cpu;
+  a.hadamard_signs = signs;
   if (rowwise) a.row = output_of(codes, scales, s, K, pad, blackwell_sf, uint64_t(offset));
-  if (colwise) a.col = output_of(codes_t, scales_t, s, M, pad, blackwell_sf, uint64_t(offset_t));
+  if (colwise) a.col = output_of(codes_t, scales_t, s, M_out, pad, blackwell_sf, uint64_t(offset_t));
   a.tensor_amax = nvfp4 ? amax.data_ptr<float>() : nullptr;
   a.tensor_scale = nvfp4 ? tensor_scale.data_ptr<float>() : nullptr;
   if (cpu) {
@@ -208,11 +244,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_meta(
     const at::Tensor& x, c10::string_view spec, bool rowwise, bool colwise, int64_t seed, int64_t offset,
-    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad) {
+    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad,
+    int64_t hadamard_signs) {
   (void)seed, (void)offset, (void)offset_t;
-  const auto [s, dt] = check_args(x, spec, rowwise, colwise, tensor_amax, blackwell_sf, pad);
+  const auto [s, dt] = check_args(x, spec, rowwise, colwise, tensor_amax, blackwell_sf, pad, hadamard_signs);
   (void)dt;
-  return allocate(x, s, rowwise, colwise, blackwell_sf, pad, false);
+  return allocate(x, s, rowwise, colwise, blackwell_sf, pad, false, hadamard_signs >= 0);
 }
 
 }  // namespace snip

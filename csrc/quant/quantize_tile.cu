@@ -14,9 +14,14 @@
 // with the padded pitch) and leave as coalesced 32-bit stores along the rows of x^T.
 // __launch_bounds__(512, 2) caps registers at 64 so that two CTAs share an SM and one loads while
 // the other computes (a few bytes spill on 16-bit inputs, more on float32).
+// The Hadamard variant (kHad: column output only, 1x16 blocks, nvfp4_train's wgrad operands) quantizes
+// (T x)^T: a 16-row group is 4 row quads, lanes lane ^ 1 and lane ^ 2 of one another, so the
+// transform's first two butterfly stages run inside a thread's patch and the last two through
+// shuffles; it keeps the transformed patch in float32 (32 more registers, which spill).
 #include <algorithm>
 
 #include "kernel_launch.cuh"
+#include "quant/hadamard.cuh"
 #include "quant/launch_dispatch.cuh"
 #include "quant/quant_io.cuh"
 
@@ -39,13 +44,52 @@ __device__ __forceinline__ uint32_t warp_max(uint32_t v, int lane_bits) {
 __host__ __device__ constexpr int rq_bits(int n) { return n - 1; }
 __host__ __device__ constexpr int cc_bits(int n) { return (n - 1) << 3; }
 
+// T x of the thread's patch (hadamard.cuh, bit for bit): rows 4rq .. 4rq+3 are group positions
+// 4 (rq % 4) .. 4 (rq % 4) + 3; the partners of butterfly stages 4 and 8 are the row quads rq ^ 1 and
+// rq ^ 2, which are the lanes lane ^ 1 and lane ^ 2 (rq's low three bits are lane's). The lower
+// partner of a pair keeps a + b, the upper a - b, a being the lower one's value.
+template <typename T>
+__device__ __forceinline__ void hadamard_patch(float (&h)[kPatchRows][kPatchCols], const Run<T, kPatchCols> (&v)[kPatchRows],
+                                               uint32_t signs, int rq, int lane) {
+#pragma unroll
+  for (int j = 0; j < kPatchRows; ++j) {
+    const float s = hadamard_sign(signs, (kPatchRows * rq + j) % kHadamardSize);
+#pragma unroll
+    for (int i = 0; i < kPatchCols; ++i) h[j][i] = mul_rn(v[j][i], s);
+  }
+#pragma unroll
+  for (int i = 0; i < kPatchCols; ++i) {  // stages 1 and 2: positions (0, 1), (2, 3), then (0, 2), (1, 3)
+    const float b0 = add_rn(h[0][i], h[1][i]), b1 = sub_rn(h[0][i], h[1][i]);
+    const float b2 = add_rn(h[2][i], h[3][i]), b3 = sub_rn(h[2][i], h[3][i]);
+    h[0][i] = add_rn(b0, b2);
+    h[2][i] = sub_rn(b0, b2);
+    h[1][i] = add_rn(b1, b3);
+    h[3][i] = sub_rn(b1, b3);
+  }
+#pragma unroll
+  for (int m = 1; m <= 2; m *= 2) {  // stages 4 and 8
+    const bool upper = lane & m;
+#pragma unroll
+    for (int j = 0; j < kPatchRows; ++j)
+#pragma unroll
+      for (int i = 0; i < kPatchCols; ++i) {
+        const float o = __shfl_xor_sync(0xFFFFFFFFu, h[j][i], m);
+        h[j][i] = upper ? sub_rn(o, h[j][i]) : add_rn(h[j][i], o);
+      }
+  }
+#pragma unroll
+  for (int j = 0; j < kPatchRows; ++j)
+#pragma unroll
+    for (int i = 0; i < kPatchCols; ++i) h[j][i] = mul_rn(h[j][i], 0.25f);
+}
+
 struct Flags {
   bool vec_in;     // x rows 16-byte aligned
   bool vec_row;    // code rows of x allow one 8-byte (FP8) / 4-byte (FP4) store per patch row
   bool vec_col;    // code rows of x^T allow 32-bit stores
 };
 
-template <typename T, Elem E, bool kSR>
+template <typename T, Elem E, bool kSR, bool kHad>
 __global__ void __launch_bounds__(kThreads, 2)
 quantize_tile_kernel(const Args a, const Flags f) {
   constexpr bool kFp4 = E == Elem::kE2M1;
@@ -72,14 +116,23 @@ quantize_tile_kernel(const Args a, const Flags f) {
     const bool in = r0 + j < a.rows;
     load_run(v[j], static_cast<const T*>(a.x) + (in ? r0 + j : 0) * a.ld, c0, in ? a.cols : 0, f.vec_in);
   }
+  // The values the column output quantizes: x's, or T x's (kHad; `h` is unused otherwise).
+  [[maybe_unused]] float h[kPatchRows][kPatchCols];
+  if constexpr (kHad) hadamard_patch(h, v, a.hadamard_signs, rq, lane);
+  const auto col_value = [&](int j, int i) -> float {
+    if constexpr (kHad) {
+      return h[j][i];
+    } else {
+      return v[j][i];
+    }
+  };
   uint32_t rmax[kPatchRows] = {}, cmax[kPatchCols] = {};
 #pragma unroll
   for (int j = 0; j < kPatchRows; ++j)
 #pragma unroll
     for (int i = 0; i < kPatchCols; ++i) {
-      const uint32_t b = abs_bits(v[j][i]);
-      rmax[j] = max(rmax[j], b);
-      cmax[i] = max(cmax[i], b);
+      rmax[j] = max(rmax[j], abs_bits(v[j][i]));
+      cmax[i] = max(cmax[i], abs_bits(col_value(j, i)));
     }
 
   // ---- block maxima ----
@@ -195,11 +248,13 @@ quantize_tile_kernel(const Args a, const Flags f) {
     }
     if constexpr (kSR) {
       if (cols_out) {
-        if (!same_bits && r0 + j < a.rows) run_words<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.col.offset);
+        // T x has a row for each row of the padded x (its SR index runs over them).
+        const int64_t sr_rows = kHad ? a.col.inner_store : a.rows;
+        if (!same_bits && r0 + j < sr_rows) run_words<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.col.offset);
 #pragma unroll
         for (int i = 0; i < kPatchCols; ++i)
           if (fabsf(cs[i]) < INFINITY)
-            tcol[i] |= round_to_code(div_rn(v[j][i], cs[i]), format_of(E), true, w[i]) << (j * kBits);
+            tcol[i] |= round_to_code(div_rn(col_value(j, i), cs[i]), format_of(E), true, w[i]) << (j * kBits);
       }
     }
   }
@@ -211,7 +266,7 @@ quantize_tile_kernel(const Args a, const Flags f) {
       if (!(fabsf(s) < INFINITY)) continue;
 #pragma unroll
       for (int j = 0; j < kPatchRows; j += 2)
-        tcol[i] |= rne_codes2<E>(div_rn(v[j][i], s), div_rn(v[j + 1][i], s)) << (j * kBits);
+        tcol[i] |= rne_codes2<E>(div_rn(col_value(j, i), s), div_rn(col_value(j + 1, i), s)) << (j * kBits);
     }
   }
   // Bank check (words): FP8 (8cc + i) * 33 + rq, FP4 (8cc + i) * 17 + rq / 2 -> distinct per warp.
@@ -247,7 +302,7 @@ quantize_tile_kernel(const Args a, const Flags f) {
   }
 }
 
-template <typename T, Elem E, bool kSR>
+template <typename T, Elem E, bool kSR, bool kHad>
 cudaError_t launch(const Args& a, cudaStream_t stream) {
   const int64_t rows = a.col.codes ? std::max(a.rows, a.col.inner_store) : a.rows;
   const int64_t cols = a.row.codes ? std::max(a.cols, a.row.inner_store) : a.cols;
@@ -258,7 +313,7 @@ cudaError_t launch(const Args& a, cudaStream_t stream) {
   f.vec_in = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && (a.ld * int64_t(sizeof(T))) % 16 == 0;
   f.vec_row = reinterpret_cast<uintptr_t>(a.row.codes) % kRowBytes == 0 && a.row.ld % kRowBytes == 0;
   f.vec_col = reinterpret_cast<uintptr_t>(a.col.codes) % 4 == 0 && a.col.ld % 4 == 0;
-  launch_kernel(quantize_tile_kernel<T, E, kSR>, unsigned(tiles), kThreads, 0, stream, a, f);
+  launch_kernel(quantize_tile_kernel<T, E, kSR, kHad>, unsigned(tiles), kThreads, 0, stream, a, f);
   return cudaGetLastError();
 }
 
@@ -269,7 +324,11 @@ cudaError_t launch_quantize_tile(const Args& a, cudaStream_t stream) {
   const bool one_d = br == 1 && (bc == 16 || bc == 32 || bc == 128);
   const bool two_d = br == bc && (bc == 16 || bc == 128);
   if (!(one_d || two_d) || (a.row.codes == nullptr && a.col.codes == nullptr)) return cudaErrorInvalidValue;
-  return dispatch_quantize(a, [&]<typename T, Elem E, bool kSR>() { return launch<T, E, kSR>(a, stream); });
+  if (a.hadamard) {
+    if (a.row.codes != nullptr || a.col.codes == nullptr || br != 1 || bc != kHadamardSize) return cudaErrorInvalidValue;
+    return dispatch_quantize(a, [&]<typename T, Elem E, bool kSR>() { return launch<T, E, kSR, true>(a, stream); });
+  }
+  return dispatch_quantize(a, [&]<typename T, Elem E, bool kSR>() { return launch<T, E, kSR, false>(a, stream); });
 }
 
 }  // namespace snip::quant

@@ -42,12 +42,13 @@ Output output_of(void* codes, int64_t ld, int64_t inner_store, void* scales, int
 }  // namespace
 
 // launch_quantize_tile when `tile`, else launch_quantize_rows. An output with null codes is not
-// requested.
+// requested. hadamard_signs >= 0: the column output of T x (Args::hadamard).
 extern "C" int snip_quantize(int tile, const void* x, int dtype, int64_t rows, int64_t cols, int64_t ld, int elem,
                              int block_rows, int block_cols, int scale, int sr, uint64_t seed, void* codes,
                              int64_t codes_ld, int64_t inner_store, void* scales, int64_t nblk, uint64_t offset,
                              void* codes_t, int64_t codes_t_ld, int64_t inner_store_t, void* scales_t, int64_t nblk_t,
-                             uint64_t offset_t, int blackwell, const float* tensor_amax, float* tensor_scale) {
+                             uint64_t offset_t, int blackwell, const float* tensor_amax, float* tensor_scale,
+                             int64_t hadamard_signs) {
   snip::quant::Args a{};
   a.x = x;
   a.dtype = InputDType(dtype);
@@ -60,12 +61,19 @@ extern "C" int snip_quantize(int tile, const void* x, int dtype, int64_t rows, i
   if (codes_t != nullptr) a.col = output_of(codes_t, codes_t_ld, inner_store_t, scales_t, nblk_t, blackwell, offset_t);
   a.tensor_amax = tensor_amax;
   a.tensor_scale = tensor_scale;
+  a.hadamard = hadamard_signs >= 0;
+  a.hadamard_signs = a.hadamard ? uint32_t(hadamard_signs) : 0u;
   return tile ? snip::quant::launch_quantize_tile(a, nullptr) : snip::quant::launch_quantize_rows(a, nullptr);
 }
 
 extern "C" int snip_quantize_tensor_amax(const void* x, int dtype, int64_t rows, int64_t cols, int64_t ld,
                                          float* amax) {
   return snip::quant::launch_quantize_tensor_amax(x, InputDType(dtype), rows, cols, ld, amax, nullptr);
+}
+
+extern "C" int snip_quantize_tensor_amax_hadamard(const void* x, int dtype, int64_t rows, int64_t cols, int64_t ld,
+                                                  uint32_t signs, float* amax) {
+  return snip::quant::launch_quantize_tensor_amax_hadamard(x, InputDType(dtype), rows, cols, ld, signs, amax, nullptr);
 }
 
 extern "C" int snip_dequantize(const void* codes, int64_t ld, const void* scales, int64_t lds,

@@ -126,8 +126,8 @@ def test_schemas():
     q = str(torch.ops.snip_C.quantize.default._schema)
     assert q == (
         "snip_C::quantize(Tensor x, str spec, bool rowwise=True, bool colwise=False, int seed=0, int offset=0, "
-        "int offset_t=0, Tensor? tensor_amax=None, bool blackwell_sf=False, int pad=1) -> (Tensor codes, "
-        "Tensor scales, Tensor codes_t, Tensor scales_t, Tensor tensor_scale)"
+        "int offset_t=0, Tensor? tensor_amax=None, bool blackwell_sf=False, int pad=1, int hadamard_signs=-1) -> "
+        "(Tensor codes, Tensor scales, Tensor codes_t, Tensor scales_t, Tensor tensor_scale)"
     )
     d = str(torch.ops.snip_C.dequantize.default._schema)
     assert d == (
@@ -138,7 +138,8 @@ def test_schemas():
 
 def _meta(shape, spec, **kw):
     x = torch.empty(shape, dtype=torch.bfloat16, device="meta")
-    args = dict(rowwise=True, colwise=True, seed=0, offset=0, offset_t=0, tensor_amax=None, blackwell_sf=False, pad=1)
+    args = dict(rowwise=True, colwise=True, seed=0, offset=0, offset_t=0, tensor_amax=None, blackwell_sf=False, pad=1,
+                hadamard_signs=-1)
     args.update(kw)
     return torch.ops.snip_C.quantize(x, spec.describe(), *args.values())
 
@@ -162,6 +163,19 @@ def test_meta_shapes_match_the_reference(spec, shape):
         assert ts.numel() == 0
     codes, scales, codes_t, scales_t, _ = _meta(shape, spec, colwise=False)
     assert codes_t.numel() == 0 and scales_t.numel() == 0 and codes_t.dtype == codes.dtype
+
+
+@needs_op
+@pytest.mark.parametrize("shape", [(1, 1), (37, 129), (0, 5), (32, 0)], ids=str)
+def test_meta_shapes_under_the_hadamard_transform(shape):
+    """The column output of T x: x's rows padded to whole groups of 16."""
+    from snip_ops.hadamard import padded_tokens, random_hadamard
+
+    spec = QuantSpec(E2M1, (1, 16), ScaleKind.NVFP4, Rounding.SR)
+    codes, scales, codes_t, scales_t, ts = _meta(shape, spec, rowwise=False, hadamard_signs=5)
+    ref = reference.quantize(random_hadamard(torch.randn(shape), torch.ones(16)), spec, transpose=True)
+    assert codes.numel() == 0 and codes_t.shape == ref.codes.shape and scales_t.shape == ref.scales.shape
+    assert ref.shape == (shape[1], padded_tokens(shape[0])) and ts.shape == ()
 
 
 @needs_op
