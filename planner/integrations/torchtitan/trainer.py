@@ -8,8 +8,15 @@ behaviour, e.g. FluxTrainer): at the start of every step it hands the step's fir
 step's forward, and installs the plan on the `TitanSnipLinear` layers of `SnipLinearConverter`. The
 planner's forward and backward passes use the trainer's own input processing and loss, and
 `torch.autograd.grad`, so they leave the parameters' gradients, the token count and the data order
-as they were. Rank 0 writes each new plan to `<dump_folder>/<snip.plan_file>`. A resumed run re-plans
-at its first step.
+as they were. torchtitan shards the model with FSDP2 even on one rank; the planner measures the
+whole, unsharded parameters and their Adam state (`fsdp.unsharded_for_planning`). Rank 0 writes each
+new plan to `<dump_folder>/<snip.plan_file>`. A resumed run re-plans at its first step.
+
+The job must run the model's whole forward in one call, once per layer: activation checkpointing
+(its recomputation runs each layer again inside the backward) and a chunked loss (its output head runs
+outside the model's forward, once per chunk, and FSDP2 reshards that head's parameters in the middle of
+a measurement) are refused with the job config; `config_registry.llama3_debugmodel_snip_planner` turns
+both off.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Callable, Literal
 
 import torch
 import torch.distributed as dist
-from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.components.loss import IGNORE_INDEX, ChunkedLossWrapper
 from torchtitan.components.optimizer import OptimizersContainer
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
@@ -29,6 +36,7 @@ from torchtitan.trainer import Trainer
 from ...controller import PlannerConfig, SnipPlanner
 from ...cost import Budget
 from .converter import TitanSnipLinear
+from .fsdp import unsharded_for_planning
 
 __all__ = ["SnipPlanning", "SnipTrainer", "snip_planner"]
 
@@ -100,6 +108,13 @@ class SnipTrainer(Trainer):
             if self.parallelism.pipeline_parallel_degree > 1:
                 raise ValueError("SnipTrainer does not support pipeline parallelism: the planner measures the "
                                  "whole model")
+            if self.activation_checkpoint is not None:
+                raise ValueError("SnipTrainer needs activation checkpointing off (the subcommand "
+                                 "activation-checkpoint:none): its recomputation runs every layer a second time "
+                                 "inside the planner's backward")
+            if isinstance(self.loss, ChunkedLossWrapper.Config):
+                raise ValueError("SnipTrainer needs a loss that is not chunked (e.g. CrossEntropyLoss.Config): the "
+                                 "planner measures the model's whole forward, output head included")
 
         @classmethod
         def of(cls, config: Trainer.Config, snip: SnipPlanning | None = None) -> "SnipTrainer.Config":
@@ -114,12 +129,24 @@ class SnipTrainer(Trainer):
         self.snip_plan_path = os.path.join(config.dump_folder, config.snip.plan_file) if config.snip.plan_file else None
 
     def train_step(self, data_iterator):
+        """Re-plan on the step's first micro-batch when due (the planner's passes see the parameters
+        unsharded, see fsdp.py), then torchtitan's step on all of its micro-batches."""
         first = next(data_iterator)
         input_dict, labels = first
         batch = ({k: v.to(self.device) if torch.is_tensor(v) else v for k, v in input_dict.items()},
                  labels.to(self.device))
-        if self.snip_planner.step(self.step, batch) is not None:
-            self._save_plan()
+        # SnipPlanning has no trigger schedule, so `due` is exactly when `step` re-plans; the unsharding
+        # (an all-gather of the model) is paid only then.
+        if self.snip_planner.due(self.step):
+            trained_by = self.snip_planner.optimizer
+            with unsharded_for_planning(self.model_parts[0], trained_by) as optimizer:
+                self.snip_planner.optimizer = optimizer
+                try:
+                    plan = self.snip_planner.step(self.step, batch)
+                finally:
+                    self.snip_planner.optimizer = trained_by
+            if plan is not None:
+                self._save_plan()
         super().train_step(itertools.chain([first], data_iterator))
 
     def _planner_loss(self, model: torch.nn.Module, batch) -> torch.Tensor:
