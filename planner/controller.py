@@ -46,6 +46,7 @@ from snip_ops.reference import divide_by
 from .baselines import BASELINES, baseline
 from .cost import Budget
 from .divergence import DivergenceConfig, LogitsFn, lm_logits, measure
+from .fsdp import unsharded_for_planning
 from .ilp import DEFAULT_LAMBDA, OBJECTIVE_TERMS, solve, validate_candidates
 from .plan import Plan
 from .schedule import PrecisionSchedule, ScheduleState
@@ -191,13 +192,14 @@ class SnipPlanner:
             batch = batch[:n]
         sched = self.config.schedule
         noise = sched is not None and sched.noise_ratio is not None and torch.is_tensor(batch) and batch.shape[0] >= 2
-        model, layers, optimizer = self.model, self.layers, self.optimizer
-        if self.tp_group is not None:
-            model, optimizer = _unsharded(self.model, self.optimizer)
-            layers = {n: model.get_submodule(n) for n in self.layers}
-        stats = measure(model, layers, optimizer, batch, loss_fn or self.loss_fn,
-                        self.config.candidates, self.config.stats, self.config.divergence, step,
-                        self._logits_fn(batch, loss_fn), gradient_noise=noise)
+        with unsharded_for_planning(self.model, self.optimizer) as optimizer:  # a no-op without FSDP2
+            model, layers = self.model, self.layers
+            if self.tp_group is not None:
+                model, optimizer = _unsharded(self.model, optimizer)
+                layers = {n: model.get_submodule(n) for n in self.layers}
+            stats = measure(model, layers, optimizer, batch, loss_fn or self.loss_fn,
+                            self.config.candidates, self.config.stats, self.config.divergence, step,
+                            self._logits_fn(batch, loss_fn), gradient_noise=noise)
         if not _distributed():
             return stats
         if self.tp_group is None:

@@ -37,7 +37,7 @@ from torchtitan.models.llama3.config_registry import llama3_debugmodel  # noqa: 
 
 from planner import Plan  # noqa: E402
 from planner.integrations.torchtitan import SnipTrainer, TitanSnipLinear  # noqa: E402
-from planner.integrations.torchtitan.fsdp import unsharded_for_planning  # noqa: E402
+from planner.fsdp import unsharded_for_planning  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,7 +9,7 @@ step's forward, and installs the plan on the `TitanSnipLinear` layers of `SnipLi
 planner's forward and backward passes use the trainer's own input processing and loss, and
 `torch.autograd.grad`, so they leave the parameters' gradients, the token count and the data order
 as they were. torchtitan shards the model with FSDP2 even on one rank; the planner measures the
-whole, unsharded parameters and their Adam state (`fsdp.unsharded_for_planning`). Rank 0 writes each
+whole, unsharded parameters and their Adam state (`planner.fsdp`). Rank 0 writes each
 new plan to `<dump_folder>/<snip.plan_file>`. A resumed run re-plans at its first step.
 
 The job must run the model's whole forward in one call, once per layer: activation checkpointing
@@ -36,7 +36,6 @@ from torchtitan.trainer import Trainer
 from ...controller import PlannerConfig, SnipPlanner
 from ...cost import Budget
 from .converter import TitanSnipLinear
-from .fsdp import unsharded_for_planning
 
 __all__ = ["SnipPlanning", "SnipTrainer", "snip_planner"]
 
@@ -130,23 +129,13 @@ class SnipTrainer(Trainer):
 
     def train_step(self, data_iterator):
         """Re-plan on the step's first micro-batch when due (the planner's passes see the parameters
-        unsharded, see fsdp.py), then torchtitan's step on all of its micro-batches."""
+        unsharded, see planner/fsdp.py), then torchtitan's step on all of its micro-batches."""
         first = next(data_iterator)
         input_dict, labels = first
         batch = ({k: v.to(self.device) if torch.is_tensor(v) else v for k, v in input_dict.items()},
                  labels.to(self.device))
-        # SnipPlanning has no trigger schedule, so `due` is exactly when `step` re-plans; the unsharding
-        # (an all-gather of the model) is paid only then.
-        if self.snip_planner.due(self.step):
-            trained_by = self.snip_planner.optimizer
-            with unsharded_for_planning(self.model_parts[0], trained_by) as optimizer:
-                self.snip_planner.optimizer = optimizer
-                try:
-                    plan = self.snip_planner.step(self.step, batch)
-                finally:
-                    self.snip_planner.optimizer = trained_by
-            if plan is not None:
-                self._save_plan()
+        if self.snip_planner.step(self.step, batch) is not None:
+            self._save_plan()
         super().train_step(itertools.chain([first], data_iterator))
 
     def _planner_loss(self, model: torch.nn.Module, batch) -> torch.Tensor:

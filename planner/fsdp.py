@@ -1,13 +1,14 @@
-"""`unsharded_for_planning`: the planner's passes on a torchtitan model under FSDP2, whole parameters.
+"""`unsharded_for_planning`: the planner's passes on a model under FSDP2, with whole parameters.
 
-torchtitan (0.3.0) always applies FSDP2 (`fully_shard`), also on one rank, so the parameters a model
-holds between steps are sharded DTensors; the forward all-gathers them into separate unsharded
-tensors and the gradients reach the sharded ones through FSDP's hooks, not through autograd. The
-planner takes `torch.autograd.grad` of its passes with respect to `model.parameters()` and reads the
-weights after its forward, so inside this context every FSDP module is unsharded (the module
-attributes are the whole parameters) and stays so through the planner's forwards and backwards;
-its Adam state is viewed through an optimizer whose parameters are those whole tensors (each
-moment gathered whole). On exit the modules are resharded and their reshard settings restored.
+Under FSDP2 (`fully_shard`) the parameters a model holds between steps are sharded DTensors; the
+forward all-gathers them into separate unsharded tensors and the gradients reach the sharded ones
+through FSDP's hooks, not through autograd. The planner takes `torch.autograd.grad` of its passes
+with respect to the parameters and reads the weights after its forward, so inside this context every
+FSDP module is unsharded (the module attributes are the whole parameters) and stays so through the
+planner's forwards and backwards; its Adam state is viewed through an optimizer whose parameters are
+those whole tensors (each moment gathered whole). On exit the modules are resharded and their
+reshard settings restored. `SnipPlanner.measure` enters it whenever the model holds FSDP modules
+(torchtitan, for one, always applies FSDP2, also on one rank).
 
 Collective: every rank of the FSDP mesh enters the context at the same step (the planner re-plans
 at the same steps everywhere). The cost is one unsharded copy of the model and of its Adam moments.
@@ -37,7 +38,8 @@ class OptimizerView:
 
 
 @contextlib.contextmanager
-def unsharded_for_planning(model: nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[torch.optim.Optimizer]:
+def unsharded_for_planning(model: nn.Module, optimizer: torch.optim.Optimizer | None
+                           ) -> Iterator[torch.optim.Optimizer | None]:
     """Within: `model`'s FSDP modules unsharded and kept so; yields the optimizer to plan with (an
     `OptimizerView` of `optimizer` for the whole parameters, or `optimizer` itself without FSDP)."""
     fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -56,7 +58,7 @@ def unsharded_for_planning(model: nn.Module, optimizer: torch.optim.Optimizer) -
             module.set_reshard_after_backward(False, recurse=False)
             module.unshard()
         whole = _parameters_by_name(model)
-        yield OptimizerView(optimizer, {p: whole[name] for name, p in sharded.items()})
+        yield None if optimizer is None else OptimizerView(optimizer, {p: whole[name] for name, p in sharded.items()})
     finally:
         for state, auto, groups in saved:
             state._auto_reshard_after_forward = auto
