@@ -13,18 +13,19 @@ measurement passes must not trigger DDP's gradient synchronisation.
 
 Tensor parallelism (`tp_group`, with `dp_group` for TP x DP): the ranks of a TP group see one batch and
 one model whose layers are sharded (DTensor parameters, torch's parallel styles). The statistics are
-measured on the whole layers, gathered: every rank builds an unsharded replica of the model for the
-measurement (each DTensor parameter and Adam moment gathered whole, the styles' hooks left out), so
-what each TP rank measures is what one process holding the whole model measures. The TP group's
-first rank's statistics are then broadcast over the TP group (the ranks measured the same thing: this
-only makes them agree bit for bit), the DP replicas' statistics are averaged over `dp_group`, and
-rank 0 of the world solves and broadcasts the plan. The cost is one copy of the whole model and its
-Adam moments on every rank while it measures; `loss_fn` and `logits_fn` receive that replica.
+measured on the whole layers, gathered: for the measurement every DTensor parameter (and Adam moment)
+of the model is replaced in place by its whole tensor and the parallel styles' hooks are set aside, so
+what each TP rank measures is what one process holding the whole model measures; afterwards the
+shards and hooks are put back. The TP group's first rank's statistics are then broadcast over the TP
+group (the ranks measured the same thing: this only makes them agree bit for bit), the DP replicas'
+statistics are averaged over `dp_group`, and rank 0 of the world solves and broadcasts the plan. The
+cost is the whole weights and Adam moments on every rank while it measures. Under FSDP2 (with or
+without TP) the FSDP modules are unsharded for the measurement first (planner/fsdp.py).
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import dataclasses
 import fnmatch
 import json
@@ -36,6 +37,7 @@ from typing import Callable, Mapping
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from snip_ops import SnipLinear, convert
@@ -192,12 +194,11 @@ class SnipPlanner:
             batch = batch[:n]
         sched = self.config.schedule
         noise = sched is not None and sched.noise_ratio is not None and torch.is_tensor(batch) and batch.shape[0] >= 2
-        with unsharded_for_planning(self.model, self.optimizer) as optimizer:  # a no-op without FSDP2
-            model, layers = self.model, self.layers
+        with contextlib.ExitStack() as stack:
+            optimizer = stack.enter_context(unsharded_for_planning(self.model, self.optimizer))  # no-op without FSDP2
             if self.tp_group is not None:
-                model, optimizer = _unsharded(self.model, optimizer)
-                layers = {n: model.get_submodule(n) for n in self.layers}
-            stats = measure(model, layers, optimizer, batch, loss_fn or self.loss_fn,
+                optimizer = stack.enter_context(_whole_tensor_parallel_layers(self.model, optimizer))
+            stats = measure(self.model, self.layers, optimizer, batch, loss_fn or self.loss_fn,
                             self.config.candidates, self.config.stats, self.config.divergence, step,
                             self._logits_fn(batch, loss_fn), gradient_noise=noise)
         if not _distributed():
@@ -315,32 +316,46 @@ def _reduce_stats(stats: PlannerStats, candidates: tuple[str, ...], op: dist.Red
     return PlannerStats(tuple(layers), loss, stats.step, stats.preconditioner, stats.diagnostics, stats.wd_units)
 
 
-def _unsharded(model: nn.Module, optimizer: torch.optim.Optimizer | None):
-    """(a replica of `model` with every DTensor parameter gathered whole and without the parallel styles'
-    hooks, an optimizer view whose Adam state is gathered whole for the replica's parameters). Collective:
-    every rank of the parameters' meshes calls it, in the same order."""
+# nn.Module's forward-hook registries: set aside together, so that hooks taking kwargs stay marked so.
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
+               "_forward_hooks_always_called")
+
+
+@contextlib.contextmanager
+def _whole_tensor_parallel_layers(model: nn.Module, optimizer: torch.optim.Optimizer | None):
+    """Within: `model` with every DTensor parameter replaced by its whole tensor, and the forward hooks of
+    the parallel styles (torch's distribute_module: they redistribute DTensors) and of FSDP2's modules set
+    aside; yields an optimizer view whose Adam state is gathered whole for those tensors. In place (an
+    FSDP2 module cannot be copied); on exit every parameter and hook is put back. Collective: every rank
+    of the parameters' meshes enters it, in the same order."""
     def whole(t):
         return t.full_tensor() if isinstance(t, DTensor) else t
 
-    replica = copy.deepcopy(model)
-    with torch.no_grad():
-        for mod in replica.modules():
-            for name, p in list(mod.named_parameters(recurse=False)):
-                if isinstance(p, DTensor):
-                    setattr(mod, name, nn.Parameter(whole(p).detach(), requires_grad=p.requires_grad))
-            if getattr(mod, "_distribute_module_applied", False):
-                # The styles' input / output hooks (torch's distribute_module) redistribute DTensors,
-                # which the unsharded replica does not have.
-                mod._forward_pre_hooks.clear()
-                mod._forward_hooks.clear()
-                mod._distribute_module_applied = False
-    new_params = dict(zip(model.parameters(), replica.parameters()))  # setattr kept each parameter's place
-    if optimizer is None:
-        return replica, None
-    view = _OptimizerView(
-        [{**g, "params": [new_params[p] for p in g["params"] if p in new_params]} for g in optimizer.param_groups],
-        {new_params[p]: {k: whole(v) for k, v in st.items()} for p, st in optimizer.state.items() if p in new_params})
-    return replica, view
+    swapped, hooks, new_params = [], [], {}
+    try:
+        with torch.no_grad():
+            for mod in model.modules():
+                for name, p in list(mod.named_parameters(recurse=False)):
+                    if isinstance(p, DTensor):
+                        new_params[p] = nn.Parameter(whole(p).detach(), requires_grad=p.requires_grad)
+                        swapped.append((mod, name, p))
+                        mod._parameters[name] = new_params[p]
+                if getattr(mod, "_distribute_module_applied", False) or isinstance(mod, FSDPModule):
+                    hooks.append((mod, {d: dict(getattr(mod, d)) for d in _HOOK_DICTS}))
+                    for d in _HOOK_DICTS:
+                        getattr(mod, d).clear()
+        if optimizer is None:
+            yield None
+            return
+        yield _OptimizerView(
+            [{**g, "params": [new_params.get(p, p) for p in g["params"]]} for g in optimizer.param_groups],
+            {new_params.get(p, p): {k: whole(v) for k, v in st.items()} for p, st in optimizer.state.items()})
+    finally:
+        for mod, name, p in swapped:
+            mod._parameters[name] = p
+        for mod, saved in hooks:
+            for d, entries in saved.items():
+                getattr(mod, d).update(entries)
 
 
 @dataclass

@@ -94,3 +94,38 @@ def test_data_parallel_replicas_average_their_statistics():
     for k, layer in enumerate(r0["plan"]["stats"]["layers"]):  # a float64 all-reduce of two values: (a + b) / 2
         for key in ("out_rms", "curvature", "s_wgrad"):
             assert layer[key] == (r0["local"]["layers"][k][key] + r1["local"]["layers"][k][key]) / 2
+
+
+def _fsdp_tp_on_ranks(rank: int) -> dict:
+    """FSDP2 over TP (a 2-D mesh, its FSDP dimension of one rank with 2 processes): the planner unshards
+    the FSDP modules, then gathers the TP shards, and finds the single-process statistics."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from snip_ops import convert
+
+    gen = torch.Generator().manual_seed(3)
+    grads = [torch.randn(p.shape, generator=gen) for p in _mlp().parameters()]
+    batch = torch.randn(T, D, generator=gen)
+    single = _mlp()
+    opt = torch.optim.AdamW(single.parameters(), lr=1e-2)
+    _adam_step(single, opt, grads)
+    reference = _plan(SnipPlanner(single, opt, _config(), loss_fn=_loss), batch)
+
+    mesh = init_device_mesh("cpu", (1, WORLD), mesh_dim_names=("dp", "tp"))
+    model = parallelize_module(convert(_mlp()), mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    _adam_step(model, opt, grads)
+    planner = SnipPlanner(model, opt, _config(), loss_fn=_loss, tp_group=mesh["tp"].get_group(),
+                          dp_group=mesh["dp"].get_group())
+    plan = _plan(planner, batch)
+    model(batch).sum().backward()  # the installed plan runs on the shards
+    return {"plan": plan, "reference": reference}
+
+
+def test_fsdp2_with_tensor_parallel_statistics_are_the_single_process_ones():
+    r0, r1 = run_on_ranks(_fsdp_tp_on_ranks)
+    assert r0["plan"] == r1["plan"]
+    assert r0["plan"]["stats"]["layers"] == r0["reference"]["stats"]["layers"]
