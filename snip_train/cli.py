@@ -6,17 +6,26 @@ Subcommands live in the ``COMMANDS`` registry: each is a name, a one-line help, 
 adds its arguments to an ``argparse`` sub-parser, and a function that runs it and returns an exit
 code: ``train`` (here, with the planner flags of ``planning``), ``sweep`` (``stability.command``),
 ``bench`` (the scripts of ``bench/``) and ``doctor`` (``doctor``: the kernels on this GPU).
+
+User errors (``snip_train.errors.UsageError``: a bad flag value, an unreadable or malformed input file,
+incompatible flags, a checkpoint of another run, a GPU benchmark without a GPU) print one line,
+``snip: error: <what was wrong and what is accepted>``, and exit with status 2; ``snip --debug ...``
+shows their traceback instead. Any other exception is a bug and keeps its traceback. Input is checked
+before anything is loaded or trained where that is cheap.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
+
+from .errors import UsageError, user_input
 
 __all__ = ["main", "build_parser", "Command", "COMMANDS"]
 
@@ -27,6 +36,28 @@ class Command:
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
     description: str | None = None  # the sub-command's --help text (default: `help`)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports a bad command line as a `UsageError` (one `snip: error:` line from `main`), not as
+    argparse's usage text and exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `minimum`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
 
 
 def _parse_size(s: str) -> int | None:
@@ -45,18 +76,21 @@ def _parse_size(s: str) -> int | None:
 # ---------------------------------------------------------------------------------------
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     from .model import PRESETS
+    from .planning import LIVE_PLANNER, add_planner_args
     from .train import PLAN_PRESETS, WEIGHT_MODES, TrainConfig
 
     d = TrainConfig()
     g = p.add_argument_group("model and optimisation")
     g.add_argument("--preset", default=d.preset, choices=sorted(PRESETS), help="model size (default: %(default)s)")
-    g.add_argument("--steps", type=int, default=d.steps,
+    g.add_argument("--steps", type=_count(1), default=d.steps,
                    help="training steps; with --planner the warm-up and branch steps together, the learning-rate "
                         "schedule spanning both (default: %(default)s)")
-    g.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per step (default: %(default)s)")
-    g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's max_seq_len)")
+    g.add_argument("--batch-size", type=_count(1), default=d.batch_size,
+                   help="sequences per step (default: %(default)s)")
+    g.add_argument("--seq-len", type=_count(1), default=None,
+                   help="tokens per sequence (default: the preset's max_seq_len)")
     g.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)")
-    g.add_argument("--warmup", type=int, default=None, help="warmup steps (default: 10%% of steps, at most 100)")
+    g.add_argument("--warmup", type=_count(0), default=None, help="warmup steps (default: 10%% of steps, at most 100)")
     g.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay (default: %(default)s)")
     g.add_argument("--grad-clip", type=float, default=d.grad_clip, help="gradient norm clip, 0 = off (default: %(default)s)")
     g.add_argument("--weights", default=d.weights, choices=WEIGHT_MODES,
@@ -66,7 +100,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("precision")
     g.add_argument("--precision", default="bf16", metavar="PLAN",
                    help=f"{' | '.join(PLAN_PRESETS)} (presets), a precision name applied to every linear "
-                        f"(fp8, fp4, mxfp8, nvfp4, mxfp4, ...), or a plan .json file {{layer or glob: precision}} "
+                        f"(fp8, fp4, mxfp8, nvfp4, mxfp4, ...), a plan .json file {{layer or glob: precision}}, or "
+                        f"'{LIVE_PLANNER}': chosen as the run goes by the SNIP planner (its flags below) "
                         f"(default: %(default)s)")
     g = p.add_argument_group("data")
     g.add_argument("--corpus", default=None, metavar="PATH",
@@ -78,50 +113,99 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("run")
     g.add_argument("--seed", type=int, default=d.seed, help="seed for init, data order, everything (default: %(default)s)")
     g.add_argument("--device", default=d.device, metavar="{auto,cpu,cuda}", help="(default: %(default)s)")
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    g.add_argument("--eval-interval", type=int, default=d.eval_interval,
+    g.add_argument("--threads", type=_count(1), default=None, help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--eval-interval", type=_count(0), default=d.eval_interval,
                    help="validate every N steps, 0 = only at start and end (default: %(default)s)")
-    g.add_argument("--eval-batches", type=int, default=d.eval_batches, help="validation batches (default: %(default)s)")
+    g.add_argument("--eval-batches", type=_count(0), default=d.eval_batches,
+                   help="validation batches (default: %(default)s)")
     g.add_argument("--out", default=None, metavar="DIR", help="output directory (default: runs/<name>)")
     g.add_argument("--name", default=None, help="run name (default: <preset>-<precision>-<timestamp>)")
     g.add_argument("--save", action="store_true", help="also save the model weights (model.pt)")
     g.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms (GPU)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
-    from .planning import add_planner_args
-
+    g = p.add_argument_group("checkpoints (one run, with or without --precision snip; not --planner)")
+    g.add_argument("--checkpoint-interval", type=_count(1), default=None, metavar="N",
+                   help="write OUT/checkpoint.pt every N steps, atomically (default: none; with --resume: the "
+                        "checkpoint's)")
+    g.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the run whose checkpoint is in DIR (its --out), bit for bit as if it had not "
+                        "stopped; give the run's own flags (they are checked against the checkpoint)")
     add_planner_args(p)
+
+
+def _check_train_flags(args: argparse.Namespace) -> None:
+    """Flags that do not go together (each flag's own value is checked where it is used)."""
+    from .planning import COMPARISON_FLAGS, LIVE_PLANNER
+
+    if not args.planner:
+        given = [flag for flag, dest in COMPARISON_FLAGS.items() if getattr(args, dest) is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)}: only for the --planner comparison; add --planner or leave "
+                             f"{'it' if len(given) == 1 else 'them'} out")
+        return
+    if args.precision != "bf16":
+        raise UsageError(f"--planner compares bf16, SNIP and baselines branched from one bf16 warm-up and takes no "
+                         f"--precision (got {args.precision!r}); for one run whose precision the planner chooses, "
+                         f"use --precision {LIVE_PLANNER} without --planner")
+    if args.resume or args.checkpoint_interval:
+        raise UsageError("--checkpoint-interval and --resume are for one run (with or without --precision "
+                         f"{LIVE_PLANNER}), not for the --planner comparison")
+    if args.branch_at is not None and not 0 <= args.branch_at < args.steps:
+        raise UsageError(f"--branch-at must be in 0..{args.steps - 1} (below --steps), got {args.branch_at}")
 
 
 def _run_train(args: argparse.Namespace) -> int:
     import torch
 
-    from .planning import comparison_from_args, run_comparison
-    from .train import TrainConfig, train
+    from .checkpoint import load_checkpoint
+    from .planning import LIVE_PLANNER, comparison_from_args, config_from_args, make_hooks, run_comparison
+    from .train import TrainConfig, check_config, train
 
+    _check_train_flags(args)
+    live = args.precision == LIVE_PLANNER  # one run, the planner choosing its precision as it goes
+    planner = config_from_args(args) if live else None
+    comparison = comparison_from_args(args, args.steps)
+    resume = None
+    if args.resume:
+        if args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+            raise UsageError(f"--resume continues the run in its own directory ({args.resume}); leave out --out "
+                             f"(got {args.out})")
+        resume = load_checkpoint(args.resume)
     if args.threads:
         torch.set_num_threads(args.threads)
     prec_tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.precision).stem if args.precision.endswith(".json")
                       else args.precision)
-    name = args.name or f"{args.preset}-{prec_tag}-{time.strftime('%Y%m%d-%H%M%S')}"
-    out = args.out or str(Path("runs") / name)
+    name = args.name or (resume.config.get("name") if resume is not None else None) or \
+        f"{args.preset}-{prec_tag}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = args.resume or args.out or str(Path("runs") / name)
+    interval = args.checkpoint_interval
+    if interval is None:
+        interval = resume.config.get("checkpoint_interval", 0) if resume is not None else 0
     cfg = TrainConfig(
         preset=args.preset, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
         warmup_steps=args.warmup, weight_decay=args.weight_decay, grad_clip=args.grad_clip or None, weights=args.weights,
-        precision=args.precision, corpus=args.corpus, max_bytes=args.max_bytes, token_dtype=args.token_dtype,
-        seed=args.seed, device=args.device, eval_interval=args.eval_interval, eval_batches=args.eval_batches,
-        out_dir=out, name=name, save_checkpoint=args.save, deterministic=args.deterministic,
-        progress=not args.no_progress, verbose=True,
+        precision="bf16" if live else args.precision, corpus=args.corpus, max_bytes=args.max_bytes,
+        token_dtype=args.token_dtype, seed=args.seed, device=args.device, eval_interval=args.eval_interval,
+        eval_batches=args.eval_batches, out_dir=out, name=name, save_checkpoint=args.save,
+        checkpoint_interval=interval, deterministic=args.deterministic, progress=not args.no_progress, verbose=True,
     )
-    comparison = comparison_from_args(args, cfg.steps)
+    check_config(cfg)  # before any data is loaded (train checks again)
     if comparison is not None:
         # a bf16 warm-up, then bf16, SNIP and the baselines branched from it on the same batches
         result = run_comparison(out, cfg, comparison)
         return 1 if any(b["diverged"] for b in result["branches"]) else 0
-    s = train(cfg)
+    hooks = None
+    if live:  # checks a resumed planner's configuration against the checkpoint's
+        hooks = make_hooks(planner, out_dir=out, resume=resume.hooks if resume is not None else None)
+        cfg = dataclasses.replace(cfg, **hooks.train_kwargs())
+    s = train(cfg, resume=resume)
+    if hooks is not None:
+        hooks.finish()  # plan.json, planner_state.json, plan.png
     init = s["initial_val_loss"]
     val = s["final_val_loss"]
     status = "DIVERGED" if s["diverged"] else "done"
-    print(f"{status}: {s['steps']} steps in {s['time_s']:.1f}s ({s['tokens_per_s'] / 1e3:.1f}k tok/s, "
+    resumed = f" (resumed at step {s['resumed_at'][-1]})" if s["resumed_at"] else ""
+    print(f"{status}: {s['steps']} steps{resumed} in {s['time_s']:.1f}s ({s['tokens_per_s'] / 1e3:.1f}k tok/s, "
           f"{s['step_time_s'] * 1e3:.0f} ms/step) | train loss {s['final_train_loss']:.3f} | "
           f"val loss {val:.3f} (init {init:.3f}) | {out}/summary.json, {out}/loss.png", flush=True)
     return 1 if s["diverged"] else 0
@@ -132,6 +216,7 @@ def _run_train(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
 BENCHES = ("quant", "gemm", "optim", "planner", "stability")
+GPU_BENCHES = ("quant", "gemm", "optim gpu")  # `snip bench` NAME [first argument] that time CUDA kernels
 
 
 def _add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -142,20 +227,26 @@ def _add_bench_args(p: argparse.ArgumentParser) -> None:
 def _run_bench(args: argparse.Namespace) -> int:
     import runpy
 
+    import torch
+
     script = BENCH_DIR / f"bench_{args.name}.py"
+    label = args.name if args.name in GPU_BENCHES else " ".join([args.name, *args.bench_args[:1]])
+    asks_help = any(a in ("-h", "--help") for a in args.bench_args)
+    if label in GPU_BENCHES and not asks_help and not torch.cuda.is_available():
+        raise UsageError(f"snip bench {label} times CUDA kernels and needs a GPU; there is none here (on a CPU: "
+                         "snip bench planner, stability, optim quality|lr-range|memory)")
     if not script.exists():
-        print(f"snip bench: {script} not found (the benchmarks live in the source tree: install it with "
-              "pip install -e .)", file=sys.stderr)
-        return 2
+        raise UsageError(f"{script} not found (the benchmarks live in the source tree: install it with "
+                         "pip install -e .)")
     argv, path = sys.argv, list(sys.path)
     sys.argv = [str(script), *args.bench_args]
     sys.path.insert(0, str(BENCH_DIR))  # as `python bench/bench_<name>.py` has it: its sibling modules
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as e:
-        if isinstance(e.code, str):  # sys.exit("message")
-            print(e.code, file=sys.stderr)
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if isinstance(e.code, str):  # sys.exit("message"): what it needs and lacks here (a GPU, a kernel)
+            raise UsageError(e.code) from None
+        return e.code if isinstance(e.code, int) else 0
     finally:
         sys.argv, sys.path[:] = argv, path
     return 0
@@ -173,21 +264,54 @@ def _add_doctor_args(p: argparse.ArgumentParser) -> None:
 def _run_doctor(args: argparse.Namespace) -> int:
     from .doctor import doctor
 
+    if args.results.exists() and not args.results.is_dir():
+        raise UsageError(f"--results {args.results}: not a directory")
+
     return doctor(args.results)
 
 
 # ---------------------------------------------------------------------------------------
 # registry
 # ---------------------------------------------------------------------------------------
-def _sweep_command() -> Command:
-    from .stability.command import SWEEP_DESCRIPTION, SWEEP_HELP, add_sweep_arguments, run_sweep_command
+def _run_sweep(args: argparse.Namespace) -> int:
+    """The sweep, after its grid was checked: the options, every precision, the corpus and the device."""
+    from planner.stability import parse_scheme
 
-    return Command(SWEEP_HELP, add_sweep_arguments, run_sweep_command, SWEEP_DESCRIPTION)
+    from .stability.cell import BASELINE, is_exmy_name
+    from .stability.command import run_sweep_command, spec_from_args
+    from .train import TrainConfig, check_config
+
+    with user_input():
+        spec = spec_from_args(args)
+    setup = spec.setup
+    for precision in spec.precisions:
+        if precision == BASELINE:
+            continue
+        if is_exmy_name(precision):
+            with user_input(f"precision {precision!r}"):
+                parse_scheme(precision)
+            continue
+        check_config(TrainConfig(model=setup.model, precision=precision))
+    check_config(TrainConfig(model=setup.model, corpus=setup.corpus, device=setup.device))
+    return run_sweep_command(args)
+
+
+def _sweep_command() -> Command:
+    from .stability.command import SWEEP_DESCRIPTION, SWEEP_HELP, add_sweep_arguments
+
+    return Command(SWEEP_HELP, add_sweep_arguments, _run_sweep, SWEEP_DESCRIPTION)
+
+
+def _plan_command() -> Command:
+    from .plan_command import PLAN_DESCRIPTION, PLAN_HELP, add_plan_arguments, run_plan_command
+
+    return Command(PLAN_HELP, add_plan_arguments, run_plan_command, PLAN_DESCRIPTION)
 
 
 COMMANDS: dict[str, Command] = {
     "train": Command("train a small Llama-like model", _add_train_args, _run_train),
     "sweep": _sweep_command(),
+    "plan": _plan_command(),
     "bench": Command("run a benchmark of bench/ (quant, gemm and optim gpu need a GPU); results go to "
                      "bench/results/", _add_bench_args, _run_bench),
     "doctor": Command("run every compiled kernel on this GPU against the reference and time it (builds "
@@ -195,25 +319,38 @@ COMMANDS: dict[str, Command] = {
 }
 
 
+_DEBUG_HELP = "on a user error, show the traceback instead of the one-line message"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="snip", description="snip: adaptive FP8/FP4 mixed-precision LLM training.")
+    parser = _Parser(prog="snip", description="snip: adaptive FP8/FP4 mixed-precision LLM training.")
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, cmd in COMMANDS.items():
         sp = sub.add_parser(name, help=cmd.help, description=cmd.description or cmd.help)
         cmd.add_arguments(sp)
+        if not any("--debug" in a.option_strings for a in sp._actions):  # `snip train ... --debug` too
+            sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
         sp.set_defaults(_run=cmd.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; returns its exit status: 2 after a user error, printed as one `snip: error:` line."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "_run", None) is None:
-        parser.print_help()
-        return 2
+    args = None
     try:
+        args = parser.parse_args(argv)
+        if getattr(args, "_run", None) is None:
+            parser.print_help()
+            return 2
         return int(args._run(args) or 0)
+    except UsageError as e:
+        if args.debug if args is not None else "--debug" in argv:
+            raise
+        print("snip: error: " + " ".join(str(e).split()), file=sys.stderr)  # one line
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

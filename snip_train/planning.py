@@ -5,7 +5,11 @@
     hooks.finish()                      # plan.json (also written at every re-plan) + plan.png heat map
 
 `add_planner_args(parser)` / `config_from_args(args)` / `comparison_from_args(args, steps)` are the
-`snip train --planner` flags. `run_comparison(out_dir, train_config, ComparisonConfig(...))` is the main
+`snip train` planner flags: `--precision snip` trains one run whose precision a live planner chooses
+(the hooks above), `--planner` runs the paired comparison. The hooks' `state_dict` goes into the run's
+checkpoints (`snip_train.checkpoint`), and hooks made with `resume=` that state continue the planner
+where it was: its plan, statistics, history, the step it re-plans from and its schedule's state.
+`run_comparison(out_dir, train_config, ComparisonConfig(...))` is the main
 job: a shared bf16 warm-up, then from its state one branch per method (bf16, SNIP, the baselines) and
 branch seed, all methods of a seed on the same batches; it reports each method's final validation-loss
 gap to the bf16 branch, paired per seed. Branches run in a pool of spawned processes, each a function of
@@ -33,18 +37,26 @@ import torch
 
 from planner import BASELINES, Budget, MeasuredCost, Plan, PlannerConfig, SnipPlanner
 
+from snip_ops import LinearPrecision
+
+from .checkpoint import differences
+from .errors import UsageError, user_input
 from .plots import plot_branch_gaps, plot_plan_heatmap
 from .state import TrainState
-from .train import TrainConfig, json_safe, train
+from .train import TrainConfig, json_safe, jsonable, train
 
 __all__ = ["PlannerHooks", "make_hooks", "add_planner_args", "config_from_args", "comparison_from_args",
-           "ComparisonConfig", "DEFAULT_BASELINES", "DEFAULT_SEEDS", "branch_data_seed", "run_branch", "summarize",
-           "format_table", "run_comparison"]
+           "ComparisonConfig", "DEFAULT_BASELINES", "DEFAULT_SEEDS", "LIVE_PLANNER", "COMPARISON_FLAGS",
+           "branch_data_seed", "run_branch", "summarize", "format_table", "run_comparison"]
 
 BF16, SNIP = "bf16", "SNIP"  # the method labels of the unplanned branch and of the planner's ILP
 # The main job's baselines and branch seeds (bench/results/cpu-main-job.md: what fits its time budget).
 DEFAULT_BASELINES = ("first_last", "layer_type", "min_rel_error", "min_abs_error", "random", "uniform_fp4")
 DEFAULT_SEEDS = (0, 1)
+LIVE_PLANNER = "snip"  # `snip train --precision snip`: one run, its precision chosen by a live planner
+# The flags of the paired comparison alone, as `snip train` spells them, with their argparse names.
+COMPARISON_FLAGS = {"--branch-at": "branch_at", "--branch-seeds": "branch_seeds", "--baselines": "baselines",
+                    "--workers": "workers"}
 
 
 def _default_workers() -> int:
@@ -53,7 +65,10 @@ def _default_workers() -> int:
 
 
 def _int_list(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.split(",") if v.strip())
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def _name_list(text: str) -> tuple[str, ...]:
@@ -76,8 +91,15 @@ class PlannerHooks:
     out_dir: Path | None = None
     log: Callable[[str], None] = _tqdm_write
     show_table: bool = True
+    resume: dict | None = None  # a `state_dict` of the same run's hooks (a checkpoint's): continue from it
     planner: SnipPlanner | None = field(default=None, init=False)
     plans: list[Plan] = field(default_factory=list, init=False)  # every plan installed, in order
+
+    def __post_init__(self):
+        if self.resume is not None:  # refused before the run loads or builds anything
+            diffs = differences(self.resume["config"], jsonable(self.config))
+            if diffs:
+                raise UsageError(f"the checkpoint's planner was configured otherwise: {'; '.join(diffs)}")
 
     @property
     def first_plan(self) -> Plan | None:
@@ -85,6 +107,18 @@ class PlannerHooks:
 
     def on_setup(self, model, optimizer) -> None:
         self.planner = SnipPlanner(model, optimizer, self.config, log=self.log)
+        if self.resume is not None:
+            self.planner.load_state_dict(self.resume["planner"])  # installs its plan on the model
+            self.plans = [Plan.from_json(p) for p in self.resume["plans"]]
+            if self.plans:  # the planner's plan is the last one installed (the same object, as in the run)
+                self.plans[-1] = self.planner.plan
+
+    def state_dict(self) -> dict:
+        """The configuration (to refuse another run's state), the planner's state (plan with statistics,
+        history, the step re-plans count from, the schedule's state) and the plans installed so far (the
+        first with its statistics)."""
+        return {"config": jsonable(self.config), "planner": self.planner.state_dict(),
+                "plans": [p.to_json(with_stats=i == 0) for i, p in enumerate(self.plans)]}
 
     def on_step(self, step: int, model, batch) -> None:
         plan = self.planner.step(step, batch)  # a new plan when due or triggered, else None
@@ -101,7 +135,8 @@ class PlannerHooks:
         self.planner.observe_loss(loss)  # the precision schedule's loss-spike trigger
 
     def train_kwargs(self) -> dict[str, Any]:
-        return {"on_setup": self.on_setup, "on_step": self.on_step, "on_loss": self.on_loss}
+        return {"on_setup": self.on_setup, "on_step": self.on_step, "on_loss": self.on_loss,
+                "hooks_state": self.state_dict}
 
     def finish(self) -> Plan:
         """Print the final plan's table; write plan.json, planner_state.json and plan.png (heat map)."""
@@ -116,14 +151,18 @@ class PlannerHooks:
 
 
 def make_hooks(config: PlannerConfig | None = None, out_dir: str | Path | None = None,
-               log: Callable[[str], None] | None = None, show_table: bool = True) -> PlannerHooks:
-    return PlannerHooks(config or PlannerConfig(), Path(out_dir) if out_dir else None, log or _tqdm_write, show_table)
+               log: Callable[[str], None] | None = None, show_table: bool = True,
+               resume: dict | None = None) -> PlannerHooks:
+    return PlannerHooks(config or PlannerConfig(), Path(out_dir) if out_dir else None, log or _tqdm_write, show_table,
+                        resume)
 
 
 def add_planner_args(parser: argparse.ArgumentParser) -> None:
-    """The planner's flags for `snip train` (all inert unless --planner is given)."""
+    """The planner's flags for `snip train` (inert unless --planner or --precision snip is given)."""
     d = PlannerConfig()
-    g = parser.add_argument_group("SNIP planner")
+    g = parser.add_argument_group(
+        "SNIP planner", f"--precision {LIVE_PLANNER} trains one run whose precision the planner chooses as it goes; "
+                        "--planner compares it with bf16 and baselines")
     g.add_argument("--planner", action="store_true",
                    help="compare the SNIP planner with bf16 and baselines, branched from one bf16 warm-up (the paired "
                         "comparison below)")
@@ -153,10 +192,10 @@ def add_planner_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--branch-at", type=int, default=None, metavar="W",
                    help="bf16 warm-up steps shared by every branch; the branches run the remaining --steps - W "
                         "(default: half of --steps)")
-    g.add_argument("--branch-seeds", type=_int_list, default=DEFAULT_SEEDS, metavar="S,S",
+    g.add_argument("--branch-seeds", type=_int_list, default=None, metavar="S,S",
                    help="branch seeds: each gives every method the same, other batch order "
                         f"(default: {','.join(map(str, DEFAULT_SEEDS))})")
-    g.add_argument("--baselines", type=_name_list, default=DEFAULT_BASELINES, metavar="NAME,NAME",
+    g.add_argument("--baselines", type=_name_list, default=None, metavar="NAME,NAME",
                    help=f"baselines next to bf16 and SNIP, from {', '.join(BASELINES)}; 'none' for none "
                         f"(default: {','.join(DEFAULT_BASELINES)})")
     g.add_argument("--workers", type=int, default=None, metavar="N",
@@ -165,33 +204,50 @@ def add_planner_args(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> PlannerConfig | None:
-    """A PlannerConfig from parsed `add_planner_args` flags; None without --planner."""
-    if not args.planner:
+    """A PlannerConfig from parsed `add_planner_args` flags; None without --planner or --precision snip.
+    A flag value that cannot be used raises `UsageError` naming the flag."""
+    if not (args.planner or getattr(args, "precision", None) == LIVE_PLANNER):
         return None
-    cost = MeasuredCost.from_json(args.planner_cost_table) if args.planner_cost_table else None
+    cost = None
+    if args.planner_cost_table:
+        with user_input("--planner-cost-table"):
+            cost = MeasuredCost.from_json(args.planner_cost_table)
     pins = {}
     for item in args.planner_pin:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ValueError(f"--planner-pin expects PATTERN=PRECISION, got {item!r}")
+            raise UsageError(f"--planner-pin expects PATTERN=PRECISION, got {item!r}")
+        with user_input(f"--planner-pin {item}"):
+            LinearPrecision.of(value)
         pins[key] = value
-    return PlannerConfig(
-        candidates=tuple(c.strip() for c in args.planner_candidates.split(",") if c.strip()),
-        budget=Budget.fp4_fraction(args.fp4_fraction) if args.fp4_fraction is not None else
-        Budget.parse(args.planner_budget, cost), interval=args.planner_interval, lam=args.planner_lambda,
-        granularity=args.planner_granularity, pinned=pins,
-        calib_batch_size=args.planner_calib_batch)
+    if args.fp4_fraction is not None:
+        with user_input("--fp4-fraction"):
+            budget = Budget.fp4_fraction(args.fp4_fraction)
+    else:
+        with user_input("--planner-budget"):
+            budget = Budget.parse(args.planner_budget, cost)
+    candidates = tuple(c.strip() for c in args.planner_candidates.split(",") if c.strip())
+    with user_input("--planner-candidates"):
+        for name in candidates:
+            LinearPrecision.of(name)
+    with user_input("planner"):
+        return PlannerConfig(
+            candidates=candidates, budget=budget,
+            interval=args.planner_interval, lam=args.planner_lambda, granularity=args.planner_granularity,
+            pinned=pins, calib_batch_size=args.planner_calib_batch)
 
 
 def comparison_from_args(args: argparse.Namespace, steps: int) -> ComparisonConfig | None:
     """The paired comparison of `snip train --planner` (runs of `steps` steps in all); None without --planner."""
-    planner = config_from_args(args)
-    if planner is None:
+    if not args.planner:
         return None
-    return ComparisonConfig(
-        branch_at=args.branch_at if args.branch_at is not None else steps // 2, planner=planner,
-        baselines=tuple(args.baselines), seeds=tuple(args.branch_seeds),
-        workers=args.workers if args.workers is not None else _default_workers(), threads=args.threads or 1)
+    planner = config_from_args(args)
+    with user_input():
+        return ComparisonConfig(
+            branch_at=args.branch_at if args.branch_at is not None else steps // 2, planner=planner,
+            baselines=tuple(DEFAULT_BASELINES if args.baselines is None else args.baselines),
+            seeds=tuple(DEFAULT_SEEDS if args.branch_seeds is None else args.branch_seeds),
+            workers=args.workers if args.workers is not None else _default_workers(), threads=args.threads or 1)
 
 
 # ---------------------------------------------------------------------------------------

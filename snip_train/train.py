@@ -8,6 +8,12 @@ uninterrupted run of the same config. Evaluation leaves no trace on the training
 advance the layers' stochastic-rounding counters), so the training trajectory does not depend on when,
 or how often, the run is evaluated.
 
+Checkpoints (``snip_train.checkpoint``): with ``checkpoint_interval=N`` and an ``out_dir`` the run
+writes ``out_dir/checkpoint.pt`` every N steps (atomically; the previous one stays until the new one is
+whole), and ``train(cfg, resume=load_checkpoint(out_dir))`` continues it after a crash: the same
+config (anything else is refused), its history so far, no extra evaluation at the resume step, so the
+loss history, the evaluations and the final weights are bit for bit those of the uninterrupted run.
+
 Precision is chosen by ``TrainConfig.precision``:
 
 * ``"bf16"``        -- plain ``nn.Linear`` (bf16 autocast on GPU, float32 on CPU);
@@ -29,6 +35,13 @@ Hook points (for the planner):
                                       int64 [B, T+1] window tensor on the device). Precision changes
                                       made here apply to that step.
 * ``on_loss(step, loss)``             after every training step, with its training loss (a float).
+* ``hooks_state() -> state``          the hooks' own state, stored in every checkpoint (the planner's:
+                                      ``planning.PlannerHooks``, which a resumed run restores itself).
+
+``check_config(cfg)`` raises ``UsageError`` (``snip_train.errors``) for what can be checked before
+anything is loaded or trained: counts, the parameter storage, the device, the corpus path, and the
+precision -- an unknown name, an unreadable or malformed plan file, a plan entry that matches no layer.
+``train`` calls it first.
 """
 
 from __future__ import annotations
@@ -39,6 +52,7 @@ import json
 import math
 import os
 import random
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -49,12 +63,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from .checkpoint import CHECKPOINT_FILE, Checkpoint, differences, save_checkpoint
 from .data import DEFAULT_MAX_BYTES, TokenData
+from .errors import UsageError, user_input
 from .model import Llama, LlamaConfig
 from .state import TrainState, capture, restore, set_sr_counters, sr_counters
 
-__all__ = ["TrainConfig", "train", "PLAN_PRESETS", "resolve_plan", "apply_precision",
-           "linear_precisions", "resolve_device", "lr_at", "json_safe"]
+__all__ = ["TrainConfig", "train", "check_config", "PLAN_PRESETS", "resolve_plan", "apply_precision",
+           "linear_precisions", "resolve_device", "lr_at", "json_safe", "jsonable", "config_json",
+           "RUN_ONLY_FIELDS"]
 
 PLAN_PRESETS: dict[str, Any] = {
     "bf16": None,
@@ -102,7 +119,8 @@ class TrainConfig:
     device: str = "auto"
     deterministic: bool = False  # torch.use_deterministic_algorithms (mostly matters on GPU)
     out_dir: str | None = None  # where summary.json / loss.png go; None: write nothing
-    save_checkpoint: bool = False
+    save_checkpoint: bool = False  # model.pt (the final weights) in out_dir
+    checkpoint_interval: int = 0  # out_dir/checkpoint.pt every N steps, to resume from (0: none)
     progress: bool = True
     verbose: bool = False
     name: str | None = None
@@ -111,6 +129,12 @@ class TrainConfig:
     on_setup: Callable[[nn.Module, torch.optim.Optimizer], None] | None = field(default=None, repr=False)
     on_step: Callable[[int, nn.Module, torch.Tensor], Any] | None = field(default=None, repr=False)
     on_loss: Callable[[int, float], Any] | None = field(default=None, repr=False)
+    hooks_state: Callable[[], Any] | None = field(default=None, repr=False)
+
+
+# What a run writes and shows, not what it computes: a resumed run may change these.
+RUN_ONLY_FIELDS = ("out_dir", "name", "save_checkpoint", "checkpoint_interval", "progress", "verbose",
+                   "prepare_model", "on_setup", "on_step", "on_loss", "hooks_state")
 
 
 # ---------------------------------------------------------------------------------------
@@ -130,14 +154,24 @@ def resolve_plan(precision: Any) -> Any:
             p = PLAN_PRESETS[precision]
             return dict(p) if isinstance(p, dict) else p
         if precision.endswith(".json"):
-            with open(precision) as f:
-                obj = json.load(f)
-            if isinstance(obj, dict) and isinstance(obj.get("plan"), dict):
-                obj = obj["plan"]
-            if not isinstance(obj, dict):
-                raise ValueError(f"{precision}: expected a JSON object {{layer: precision}}")
-            return obj
+            return _read_plan_file(precision)
     return precision  # a precision name ("fp4", "mxfp8", ...) or a LinearPrecision
+
+
+def _read_plan_file(path: str) -> dict:
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except OSError as e:
+        raise UsageError(f"cannot read plan file {path}: {e.strerror or e}") from e
+    except ValueError as e:  # json.JSONDecodeError (with line and column), UnicodeDecodeError
+        raise UsageError(f"plan file {path} is not valid JSON: {e}") from e
+    if isinstance(obj, dict) and isinstance(obj.get("plan"), dict):
+        obj = obj["plan"]
+    if not isinstance(obj, dict):
+        raise UsageError(f"plan file {path}: expected a JSON object {{layer or glob: precision}} (or a plan "
+                         f"with a \"plan\" object), got a JSON {type(obj).__name__}")
+    return obj
 
 
 def apply_precision(model: nn.Module, precision: Any) -> nn.Module:
@@ -150,17 +184,17 @@ def apply_precision(model: nn.Module, precision: Any) -> nn.Module:
     return snip_ops.convert(model, plan=plan)
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
     if x is None or isinstance(x, (bool, int, float, str)):
         return x
     if callable(getattr(x, "to_json", None)):  # snip_ops.LinearPrecision
-        return _jsonable(x.to_json())
+        return jsonable(x.to_json())
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: _jsonable(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        return {f.name: jsonable(getattr(x, f.name)) for f in dataclasses.fields(x)}
     if hasattr(x, "name") and isinstance(getattr(x, "name"), str):  # enums, format objects
         return x.name
     if callable(x):
@@ -175,7 +209,7 @@ def linear_precisions(model: nn.Module) -> dict[str, Any]:
     for name, m in model.named_modules():
         prec = getattr(m, "precision", None)
         if prec is not None and not isinstance(m, nn.Embedding):
-            out[name] = _jsonable(prec)
+            out[name] = jsonable(prec)
         elif isinstance(m, nn.Linear):
             out[name] = "bf16"
     return out
@@ -186,14 +220,73 @@ def _precision_counts(precs: dict[str, Any]) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------------------------
+# checking a configuration before it runs
+# ---------------------------------------------------------------------------------------
+def _layer_patterns(model: nn.Module) -> str:
+    """The model's linear layers, block indices folded: 'model.layers.N.self_attn.q_proj, ..., lm_head'."""
+    names = (re.sub(r"\.\d+\.", ".N.", n) for n, m in model.named_modules() if isinstance(m, nn.Linear))
+    return ", ".join(dict.fromkeys(names))
+
+
+def _check_precision(precision: Any, mcfg: LlamaConfig) -> None:
+    plan = resolve_plan(precision)  # a plan file that cannot be read or parsed raises here
+    if plan is None:
+        return
+    import snip_ops
+
+    with torch.device("meta"):  # the layer names, without the memory or the time of a real model
+        model = Llama(mcfg)
+    try:
+        snip_ops.convert(model, plan=plan)
+    except (ValueError, TypeError) as e:
+        if isinstance(precision, str) and precision.endswith(".json"):
+            raise UsageError(f"plan file {precision}: {e} (its layers: {_layer_patterns(model)}; globs such as "
+                             f"'*.mlp.*' match several)") from e
+        if isinstance(precision, str):
+            raise UsageError(f"precision {precision!r}: {e}; or a plan preset ({', '.join(PLAN_PRESETS)}) or a plan "
+                             f".json file") from e
+        raise UsageError(f"precision plan: {e}") from e
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Raise `UsageError` for a configuration that cannot run (see the module docstring); cheap: it
+    loads no data and builds the model on the meta device only."""
+    for name in ("steps", "batch_size"):
+        if getattr(cfg, name) < 1:
+            raise UsageError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.seq_len is not None and cfg.seq_len < 1:
+        raise UsageError(f"seq_len must be >= 1, got {cfg.seq_len}")
+    for name in ("eval_interval", "eval_batches", "checkpoint_interval"):
+        if getattr(cfg, name) < 0:
+            raise UsageError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.checkpoint_interval and not cfg.out_dir:
+        raise UsageError("checkpoints need an output directory (out_dir) to go to")
+    if cfg.weights not in WEIGHT_MODES:
+        raise UsageError(f"weights must be one of {WEIGHT_MODES}, got {cfg.weights!r}")
+    resolve_device(cfg.device)
+    if cfg.corpus is not None and not Path(cfg.corpus).exists():
+        raise UsageError(f"corpus not found: {cfg.corpus} (a text file, a directory of them, or a .npy / .bin "
+                         "token file)")
+    if cfg.model is None:
+        with user_input():
+            mcfg = LlamaConfig.preset(cfg.preset)
+    else:
+        mcfg = cfg.model
+    _check_precision(cfg.precision, mcfg)
+
+
+# ---------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise UsageError(f"not a device: {device!r} (auto, cpu, cuda or cuda:N)") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' requested but CUDA is not available")
+        raise UsageError("device 'cuda' requested but CUDA is not available (use 'cpu' or 'auto')")
     return dev
 
 
@@ -213,8 +306,8 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _config_dict(cfg: TrainConfig) -> dict[str, Any]:
-    return {f.name: _jsonable(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+def config_json(cfg: TrainConfig) -> dict[str, Any]:
+    return {f.name: jsonable(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
 
 
 def _fmt_params(n: int) -> str:
@@ -240,13 +333,22 @@ def _evaluate(model: nn.Module, batches: list[torch.Tensor], autocast) -> float:
 # ---------------------------------------------------------------------------------------
 # the loop
 # ---------------------------------------------------------------------------------------
-def train(cfg: TrainConfig, *, start: TrainState | None = None, stop_at: int | None = None) -> dict[str, Any]:
+def train(cfg: TrainConfig, *, start: TrainState | None = None, stop_at: int | None = None,
+          resume: Checkpoint | None = None) -> dict[str, Any]:
     """Train a model as configured; returns (and, with ``out_dir``, writes) the summary.
 
     ``start``: continue from this state (steps ``start.step`` .. ``cfg.steps - 1``) instead of step 0.
     ``stop_at``: stop before step ``stop_at`` and return the state there as ``summary["state"]``
     (a ``TrainState``; it is not written to summary.json).
+    ``resume``: a checkpoint of this run (same config, same kind of hooks): continue it as if it had not
+    stopped (its state, its history; see the module docstring). Not together with ``start``.
     """
+    check_config(cfg)
+    if resume is not None:
+        if start is not None:
+            raise ValueError("give start (a branch) or resume (a checkpoint of this run), not both")
+        _check_resume(cfg, resume)
+        start = resume.state
     stop = cfg.steps if stop_at is None else stop_at
     if not 0 <= (start.step if start is not None else 0) <= stop <= cfg.steps:
         raise ValueError(f"a run of {cfg.steps} steps cannot go from step {start.step if start else 0} to step "
@@ -260,21 +362,37 @@ def train(cfg: TrainConfig, *, start: TrainState | None = None, stop_at: int | N
             torch.backends.cudnn.benchmark = False
         torch.use_deterministic_algorithms(True, warn_only=True)
         try:
-            return _train(cfg, device, t_setup, log, start, stop, stop_at is not None)
+            return _train(cfg, device, t_setup, log, start, stop, stop_at is not None, resume)
         finally:
             torch.use_deterministic_algorithms(False)
-    return _train(cfg, device, t_setup, log, start, stop, stop_at is not None)
+    return _train(cfg, device, t_setup, log, start, stop, stop_at is not None, resume)
+
+
+def _check_resume(cfg: TrainConfig, ckpt: Checkpoint) -> None:
+    """`UsageError` unless `ckpt` is a checkpoint of the run `cfg` describes."""
+    diffs = differences(ckpt.config, config_json(cfg), RUN_ONLY_FIELDS)
+    if diffs:
+        raise UsageError(f"the checkpoint belongs to another run: {'; '.join(diffs)}")
+    if (ckpt.hooks is None) != (cfg.hooks_state is None):
+        had = "with" if ckpt.hooks is not None else "without"
+        raise UsageError(f"the checkpoint was written by a run {had} training-loop hooks (a live planner); resume "
+                         f"it {had} them")
+    trained = ckpt.history["train"]["step"]
+    if len(trained) != ckpt.state.step - ckpt.start_step or not ckpt.start_step < ckpt.state.step < cfg.steps:
+        raise UsageError(f"the checkpoint is inconsistent: {len(trained)} steps of history for a state at step "
+                         f"{ckpt.state.step} of a run of {cfg.steps} steps from step {ckpt.start_step}")
 
 
 def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: TrainState | None, stop: int,
-           keep_state: bool) -> dict[str, Any]:
+           keep_state: bool, resume: Checkpoint | None) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     _seed_everything(cfg.seed)
 
-    # data
-    data = TokenData.from_path(cfg.corpus, max_bytes=cfg.max_bytes, token_dtype=cfg.token_dtype,
-                               val_fraction=cfg.val_fraction)
+    # data (a corpus that cannot be read is the user's error)
+    with user_input():
+        data = TokenData.from_path(cfg.corpus, max_bytes=cfg.max_bytes, token_dtype=cfg.token_dtype,
+                                   val_fraction=cfg.val_fraction)
 
     # model (built on the CPU under the seed, so init is identical on every device)
     mcfg = cfg.model if cfg.model is not None else LlamaConfig.preset(cfg.preset)
@@ -288,8 +406,6 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: T
     model = apply_precision(model, cfg.precision)
     if cfg.prepare_model is not None:
         model = cfg.prepare_model(model) or model
-    if cfg.weights not in WEIGHT_MODES:
-        raise ValueError(f"weights must be one of {WEIGHT_MODES}, got {cfg.weights!r}")
     model = model.to(device, torch.float32 if cfg.weights == "fp32" else torch.bfloat16)
     model.train()
     plan = resolve_plan(cfg.precision)
@@ -319,6 +435,8 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: T
     if start is not None:  # after on_setup: a hook may have made more layers low-precision
         set_sr_counters(model, start.sr_counters)
     first = start.step if start is not None else 0  # the run trains steps first .. stop - 1
+    run_start = resume.start_step if resume is not None else first  # the step the whole run began at
+    resumed_at = [*resume.resumed_at, first] if resume is not None else []
 
     use_amp = (device.type == "cuda" or cfg.weights != "fp32") if cfg.amp is None else bool(cfg.amp)
     amp_dtype = torch.bfloat16
@@ -346,18 +464,29 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: T
         f"{data.num_tokens('val') / 1e6:.2f}M val) | batch {cfg.batch_size} x {seq_len} = {tokens_per_step} "
         f"tokens/step | {cfg.steps} steps, lr {cfg.lr:g}, warmup {warmup}, seed {cfg.seed}"
         + (f" | steps {first}..{stop - 1} of them" if (first, stop) != (0, cfg.steps) else ""))
-    plan_desc = "none (plain nn.Linear)" if plan is None else json.dumps(_jsonable(plan))
+    plan_desc = "none (plain nn.Linear)" if plan is None else json.dumps(jsonable(plan))
     log(f"precision: {cfg.precision if isinstance(cfg.precision, str) else 'custom'} -> plan {plan_desc} | "
         f"linears: " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
     if out_dir is not None:
         log(f"output: {out_dir}")
 
-    hist_step: list[int] = []
-    hist_loss: list[float] = []
-    hist_lr: list[float] = []
-    hist_gnorm: list[float] = []
-    val_step: list[int] = []
-    val_loss: list[float] = []
+    past = resume.history if resume is not None else {"train": {k: [] for k in ("step", "loss", "lr", "grad_norm")},
+                                                       "val": {"step": [], "loss": []}}
+    hist_step: list[int] = list(past["train"]["step"])
+    hist_loss: list[float] = list(past["train"]["loss"])
+    hist_lr: list[float] = list(past["train"]["lr"])
+    hist_gnorm: list[float] = list(past["train"]["grad_norm"])
+    val_step: list[int] = list(past["val"]["step"])
+    val_loss: list[float] = list(past["val"]["loss"])
+    history = {"train": {"step": hist_step, "loss": hist_loss, "lr": hist_lr, "grad_norm": hist_gnorm},
+               "val": {"step": val_step, "loss": val_loss}}
+    config = config_json(cfg)
+
+    def write_checkpoint(step: int) -> None:
+        """The run before `step`, to resume from (after that step's evaluation, which it records)."""
+        save_checkpoint(out_dir / CHECKPOINT_FILE, Checkpoint(
+            capture(step, model, optimizer, train_gen), config, history,
+            cfg.hooks_state() if cfg.hooks_state is not None else None, run_start, tuple(resumed_at)))
 
     def run_eval(step: int) -> float:
         if cfg.eval_batches <= 0:
@@ -369,10 +498,14 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: T
 
     setup_s = time.perf_counter() - t_setup
     t0 = time.perf_counter()
-    eval_s = 0.0
-    te = time.perf_counter()
-    last_val = run_eval(first)
-    eval_s += time.perf_counter() - te
+    eval_s = checkpoint_s = 0.0
+    if resume is None:
+        te = time.perf_counter()
+        last_val = run_eval(first)
+        eval_s += time.perf_counter() - te
+    else:  # the evaluations so far are in the history (that of the resume step too, if it is an evaluation step)
+        last_val = val_loss[-1] if val_loss else float("nan")
+        log(f"resumed at step {first} of the run")
 
     diverged = False
     pbar = tqdm(range(first, stop), desc="train", disable=not cfg.progress, dynamic_ncols=True,
@@ -410,18 +543,23 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: T
             te = time.perf_counter()
             last_val = run_eval(step + 1)
             eval_s += time.perf_counter() - te
+        if cfg.checkpoint_interval and (step + 1) % cfg.checkpoint_interval == 0 and not is_last:
+            tc = time.perf_counter()
+            write_checkpoint(step + 1)
+            checkpoint_s += time.perf_counter() - tc
         pbar.set_postfix_str(f"loss={lv:.3f} val={last_val:.3f} lr={lr:.2e}", refresh=False)
     pbar.close()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     total_s = time.perf_counter() - t0
-    train_s = max(1e-9, total_s - eval_s)
-    steps_done = len(hist_loss)
+    train_s = max(1e-9, total_s - eval_s - checkpoint_s)
+    steps_done = len(hist_loss)  # of the whole run, resumed or not
+    steps_here = steps_done - len(past["train"]["loss"])
 
     tail = [v for v in hist_loss[-10:] if math.isfinite(v)]
     summary: dict[str, Any] = {
         "name": cfg.name,
-        "config": _config_dict(cfg),
+        "config": config_json(cfg),
         "model_config": dataclasses.asdict(mcfg),
         "n_params": n_params,
         "device": str(device),
@@ -429,12 +567,13 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: T
         "torch_threads": torch.get_num_threads(),
         "data": {"name": data.name, "tokens": len(data), "train_tokens": data.num_tokens("train"),
                  "val_tokens": data.num_tokens("val"), "vocab_size": data.vocab_size},
-        "precision": _jsonable(cfg.precision),
-        "plan": _jsonable(plan),
+        "precision": jsonable(cfg.precision),
+        "plan": jsonable(plan),
         "linear_precisions": precs,  # at the start; a planner may change them during training
         "final_linear_precisions": linear_precisions(model),
         "precision_counts": counts,
-        "start_step": first,
+        "start_step": run_start,
+        "resumed_at": resumed_at,
         "steps": steps_done,
         "tokens_per_step": tokens_per_step,
         "tokens": steps_done * tokens_per_step,
@@ -443,16 +582,14 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: T
         "last_train_loss": hist_loss[-1] if hist_loss else None,
         "final_val_loss": val_loss[-1] if val_loss else None,
         "diverged": diverged,
-        "tokens_per_s": steps_done * tokens_per_step / train_s,
-        "step_time_s": train_s / max(1, steps_done),
+        "tokens_per_s": steps_here * tokens_per_step / train_s,  # the times are of this process's steps
+        "step_time_s": train_s / max(1, steps_here),
         "train_time_s": train_s,
         "eval_time_s": eval_s,
+        "checkpoint_time_s": checkpoint_s,
         "setup_time_s": setup_s,
         "time_s": total_s + setup_s,
-        "history": {
-            "train": {"step": hist_step, "loss": hist_loss, "lr": hist_lr, "grad_norm": hist_gnorm},
-            "val": {"step": val_step, "loss": val_loss},
-        },
+        "history": history,
     }
     if out_dir is not None:
         summary["out_dir"] = str(out_dir)

@@ -25,12 +25,19 @@ __all__ = ["SWEEP_HELP", "SWEEP_DESCRIPTION", "add_sweep_arguments", "spec_from_
 SWEEP_HELP = "training-stability sweep: seeds x learning rates x precisions (eXmY simulation, plans)"
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(v) for v in text.split(",") if v)
+def _numbers(kind: type, what: str):
+    """An argparse type for a comma-separated list of `kind`, whose error says what it expects."""
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(v) for v in text.split(",") if v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, e.g. "
+                                             f"{'1e-3,3e-3' if kind is float else '0,1,2'}; got {text!r}") from None
+    return parse
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.split(",") if v)
+_floats = _numbers(float, "numbers")
+_ints = _numbers(int, "integers")
 
 
 def _names(text: str) -> tuple[str, ...]:
