@@ -11,22 +11,6 @@
 
 namespace snip::optim {
 
-SNIP_QM float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-SNIP_QM float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-
 SNIP_QM float sqrt_rn(float a) {
 #if defined(__CUDA_ARCH__)
   return __fsqrt_rn(a);
@@ -63,8 +47,10 @@ SNIP_QM float bf16_to_float(uint16_t h) { return quant::u2f(uint32_t(h) << 16); 
 
 // One element's update; p, m, v in place.
 SNIP_QM void adamw_element(float& p, float g, float& m, float& v, const Scalars& s) {
+  using quant::add_rn;
   using quant::div_rn;
   using quant::mul_rn;
+  using quant::sub_rn;
   p = mul_rn(p, s.decay);
   m = add_rn(mul_rn(m, s.beta1), mul_rn(g, s.one_minus_beta1));
   v = add_rn(mul_rn(v, s.beta2), mul_rn(mul_rn(g, g), s.one_minus_beta2));

@@ -2,8 +2,8 @@
 // dimension to both wgrad operands before quantization (snip_ops/hadamard.py defines it, bit for bit):
 // each element times its group position's sign (exact), the Sylvester butterfly stages h = 1, 2, 4, 8
 // (the pair (v[p], v[p + h]), p & h == 0, becomes (v[p] + v[p + h], v[p] - v[p + h]), IEEE float32),
-// then times 0.25 (exact). Multiplications are spelled mul_rn so that no FMA contraction can fold a
-// sign or the final scale into an add.
+// then times 0.25 (exact). The operations are spelled mul_rn / add_rn / sub_rn (quant_math.cuh) so that
+// no FMA contraction can fold a sign or the final scale into an add.
 #pragma once
 #include <cstdint>
 
@@ -11,22 +11,6 @@
 #include "quant/quantize.h"
 
 namespace snip::quant {
-
-SNIP_QM float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-SNIP_QM float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
 
 // The sign of group position p: -1 where bit p of `signs` is set (hadamard.sign_mask).
 SNIP_QM float hadamard_sign(uint32_t signs, int p) { return (signs >> p) & 1u ? -1.0f : 1.0f; }

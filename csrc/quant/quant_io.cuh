@@ -12,22 +12,25 @@ namespace snip::quant {
 
 template <Elem E> constexpr int kCodeBits = E == Elem::kE2M1 ? 4 : 8;
 
+// An input element as float32 (exact).
+template <typename T>
+__device__ __forceinline__ float widen(T e) {
+  if constexpr (std::is_same_v<T, float>) {
+    return e;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(e);
+  } else {
+    return __bfloat162float(e);
+  }
+}
+
 // N consecutive input elements of a row, kept in the input type (16-bit inputs take half the
 // registers of float32 copies) and widened to float32 on use.
 template <typename T, int N>
 struct Run {
   static_assert((N * sizeof(T)) % 16 == 0, "runs are whole 16-byte vectors");
   uint4 raw[N * sizeof(T) / 16];
-  __device__ __forceinline__ float operator[](int i) const {
-    const T e = reinterpret_cast<const T*>(raw)[i];
-    if constexpr (std::is_same_v<T, float>) {
-      return e;
-    } else if constexpr (std::is_same_v<T, __half>) {
-      return __half2float(e);
-    } else {
-      return __bfloat162float(e);
-    }
-  }
+  __device__ __forceinline__ float operator[](int i) const { return widen(reinterpret_cast<const T*>(raw)[i]); }
 };
 
 // Loads elements c0 .. c0+N-1 of a row, zeros past `cols` (zero padding). `vec`: the row start is

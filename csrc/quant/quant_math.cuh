@@ -63,6 +63,22 @@ SNIP_QM float mul_rn(float a, float b) {
 #endif
 }
 
+SNIP_QM float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+SNIP_QM float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
 constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
 constexpr uint32_t kInfBits = 0x7F800000u;
 constexpr uint32_t kNaNBits = 0x7FC00000u;  // torch's float('nan')

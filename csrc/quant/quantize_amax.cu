@@ -3,7 +3,6 @@
 // A thread per 8 consecutive elements of a row (one 16-byte vector for 16-bit inputs), a warp
 // reduction, one atomicMax per warp on the float bits (integer order is float order for |x|).
 #include <algorithm>
-#include <type_traits>
 
 #include "kernel_launch.cuh"
 #include "quant/hadamard.cuh"
@@ -31,17 +30,6 @@ quantize_tensor_amax_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
 #pragma unroll
   for (int s = 16; s > 0; s /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, s));
   if (threadIdx.x % 32 == 0 && m != 0) atomicMax(amax, m);
-}
-
-template <typename T>
-__device__ __forceinline__ float widen(T e) {
-  if constexpr (std::is_same_v<T, float>) {
-    return e;
-  } else if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(e);
-  } else {
-    return __bfloat162float(e);
-  }
 }
 
 // The same for T x (hadamard.cuh): a thread per column of a 16-row group (adjacent threads take adjacent

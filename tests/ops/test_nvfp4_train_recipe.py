@@ -160,7 +160,7 @@ def test_wgrad_is_unbiased_over_stochastic_rounding():
     # SR between the neighbouring E2M1 levels lo <= v <= hi of v = |value| / scale has variance
     # (v - lo) (hi - v) scale^2.
     levels = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
-    v = (want.abs() / scale).clamp(max=6.0)
+    v = (want.abs() / scale).clamp(max=6.0).contiguous()
     hi = levels[torch.searchsorted(levels, v)]
     lo = levels[torch.searchsorted(levels, v, right=True) - 1]
     sd = ((v - lo) * (hi - v)).sqrt() * scale
