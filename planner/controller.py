@@ -48,7 +48,7 @@ from snip_ops.reference import divide_by
 from .baselines import BASELINES, baseline
 from .cost import Budget
 from .divergence import DivergenceConfig, LogitsFn, lm_logits, measure
-from .fsdp import unsharded_for_planning
+from .fsdp import OptimizerView, unsharded_for_planning
 from .ilp import DEFAULT_LAMBDA, OBJECTIVE_TERMS, solve, validate_candidates
 from .plan import Plan
 from .schedule import PrecisionSchedule, ScheduleState
@@ -328,16 +328,13 @@ def _whole_tensor_parallel_layers(model: nn.Module, optimizer: torch.optim.Optim
     aside; yields an optimizer view whose Adam state is gathered whole for those tensors. In place (an
     FSDP2 module cannot be copied); on exit every parameter and hook is put back. Collective: every rank
     of the parameters' meshes enters it, in the same order."""
-    def whole(t):
-        return t.full_tensor() if isinstance(t, DTensor) else t
-
     swapped, hooks, new_params = [], [], {}
     try:
         with torch.no_grad():
             for mod in model.modules():
                 for name, p in list(mod.named_parameters(recurse=False)):
                     if isinstance(p, DTensor):
-                        new_params[p] = nn.Parameter(whole(p).detach(), requires_grad=p.requires_grad)
+                        new_params[p] = nn.Parameter(p.full_tensor().detach(), requires_grad=p.requires_grad)
                         swapped.append((mod, name, p))
                         mod._parameters[name] = new_params[p]
                 if getattr(mod, "_distribute_module_applied", False) or isinstance(mod, FSDPModule):
@@ -347,20 +344,10 @@ def _whole_tensor_parallel_layers(model: nn.Module, optimizer: torch.optim.Optim
         if optimizer is None:
             yield None
             return
-        yield _OptimizerView(
-            [{**g, "params": [new_params.get(p, p) for p in g["params"]]} for g in optimizer.param_groups],
-            {new_params.get(p, p): {k: whole(v) for k, v in st.items()} for p, st in optimizer.state.items()})
+        yield OptimizerView(optimizer, new_params)
     finally:
         for mod, name, p in swapped:
             mod._parameters[name] = p
         for mod, saved in hooks:
             for d, entries in saved.items():
                 getattr(mod, d).update(entries)
-
-
-@dataclass
-class _OptimizerView:
-    """What the statistics read of an optimizer (stats.adam_preconditioner): its groups and state."""
-
-    param_groups: list[dict]
-    state: dict

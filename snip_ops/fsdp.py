@@ -49,13 +49,11 @@ weights are these subclasses is not supported.
 
 from __future__ import annotations
 
-import math
 import warnings
 import weakref
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
@@ -67,6 +65,7 @@ from .module import SnipLinear
 from .qparts import to_parts
 from .quantize import quantize
 from .reference import QTensor
+from .tensor_parallel import global_amax
 
 __all__ = ["enable_low_precision_all_gather", "ShardedWeight", "GatheredWeight", "gathered_specs"]
 
@@ -118,15 +117,6 @@ class _GatherMeta:
     shape: tuple[int, int]
     specs: tuple[QuantSpec, ...] | None
     tensor_scales: tuple[torch.Tensor | None, ...]
-
-
-def _global_amax(shard: torch.Tensor, mesh) -> torch.Tensor:
-    """The amax of the whole weight from the shards': one all-reduce (MAX) over the FSDP group. A NaN
-    becomes +Inf first (a MAX reduction may drop NaN); both give the same NaN tensor scale."""
-    amax = shard.float().abs().amax() if shard.numel() else shard.new_zeros((), dtype=torch.float32)
-    amax = torch.nan_to_num(amax, nan=math.inf)
-    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group())
-    return amax
 
 
 def _forget_all_gather_buffers(root: nn.Module | None, module: nn.Module) -> None:
@@ -199,7 +189,7 @@ class ShardedWeight(torch.Tensor):
             shard = nn.functional.pad(shard, (0, 0, 0, shard_rows - shard.shape[0]))
         if specs is None:
             return (shard,), _GatherMeta((rows, cols), None, ())
-        quantized = [quantize(shard, s, tensor_amax=_global_amax(shard, mesh) if s.scale == ScaleKind.NVFP4 else None)
+        quantized = [quantize(shard, s, tensor_amax=global_amax(shard, mesh.get_group()) if s.scale == ScaleKind.NVFP4 else None)
                      for s in specs]
         gathered = tuple(t for q in quantized for t in (q.codes, q.scales) if t is not None)
         return gathered, _GatherMeta((rows, cols), specs, tuple(q.tensor_scale for q in quantized))

@@ -28,7 +28,7 @@ from .formats import GemmRecipe, QuantSpec, Rounding
 from .hadamard import random_hadamard, rht_signs
 
 __all__ = ["fprop", "dgrad", "wgrad", "uses_kernels", "emulated_operand", "transpose_shares_quantization",
-           "fp32_mm", "OPERAND_IDS", "operand_offset", "wgrad_operand"]
+           "fp32_mm", "OPERAND_IDS", "operand_offset", "wgrad_operand", "hadamard_wgrad_operand"]
 
 # "rht": the random signs of the wgrad operands' Hadamard transform (hadamard.py), not an operand.
 OPERAND_IDS = {"x": 0, "w": 1, "dy": 2, "wt": 3, "dyt": 4, "xt": 5, "rht": 6}
@@ -118,14 +118,36 @@ def wgrad_operand(t: torch.Tensor, recipe: GemmRecipe, seed: int, offset: int) -
     return random_hadamard(t, signs)
 
 
+def hadamard_wgrad_operand(t: torch.Tensor, recipe: GemmRecipe, spec: QuantSpec, seed: int, offset: int,
+                           operand: str, kernels: bool, scale_layout: str = "plain"):
+    """(T t)^T quantized with `spec`, the wgrad operand `operand` ("dyt" or "xt") of a recipe with
+    `wgrad_hadamard`: on the kernels a QTensor from the native quantizer with the transform fused in
+    (`quantize.quantize_hadamard_t`), else its float32 emulated values."""
+    if kernels:
+        from .quantize import quantize_hadamard_t
+
+        signs = rht_signs(seed, operand_offset(offset, "rht"), recipe.wgrad_hadamard)
+        return quantize_hadamard_t(t, spec, signs, seed=seed, offset=operand_offset(offset, operand),
+                                   scale_layout=scale_layout)
+    return emulated_operand(wgrad_operand(t, recipe, seed, offset), spec, seed, offset, operand, transpose=True)
+
+
 def wgrad(dy: torch.Tensor, x: torch.Tensor, recipe: GemmRecipe, seed: int = 0, offset: int = 0,
           emulate: bool = False) -> torch.Tensor:
     """dw = dy^T x in float32; both operands quantized with blocks along M (the token dimension),
     after the recipe's random Hadamard transform on M if it has one."""
     if recipe.is_bf16:
         return (dy.t() @ x).float()
-    dy, x = wgrad_operand(dy, recipe, seed, offset), wgrad_operand(x, recipe, seed, offset)
-    if uses_kernels(dy, recipe, emulate):
+    kernels = uses_kernels(dy, recipe, emulate)
+    if recipe.wgrad_hadamard:
+        a = hadamard_wgrad_operand(dy, recipe, recipe.grad, seed, offset, "dyt", kernels)
+        b = hadamard_wgrad_operand(x, recipe, recipe.act, seed, offset, "xt", kernels)
+        if kernels:
+            from .gemm_kernels import qgemm
+
+            return qgemm(a, b, out_dtype=torch.float32)
+        return fp32_mm(a, b.t())
+    if kernels:
         return _qgemm(dy, recipe.grad, "dyt", True, x, recipe.act, "xt", True, seed, offset, torch.float32)
     dytq = emulated_operand(dy, recipe.grad, seed, offset, "dyt", transpose=True)
     xtq = emulated_operand(x, recipe.act, seed, offset, "xt", transpose=True)

@@ -37,11 +37,12 @@ import torch
 
 from . import _ext
 from .formats import GemmRecipe, LinearPrecision, QuantSpec
-from .gemm import emulated_operand, fp32_mm, operand_offset, transpose_shares_quantization, wgrad_operand
+from .gemm import (emulated_operand, fp32_mm, hadamard_wgrad_operand, operand_offset,
+                   transpose_shares_quantization)
 from .gemm_kernels import qgemm, scale_layout_for
-from .hadamard import padded_tokens, rht_signs
+from .hadamard import padded_tokens
 from .qparts import from_parts, meta_parts, num_parts, to_parts
-from .quantize import dequantize, quantize, quantize_hadamard_t, quantize_rowcol
+from .quantize import dequantize, quantize, quantize_rowcol
 from .reference import QTensor
 
 __all__ = ["linear"]
@@ -76,13 +77,10 @@ def _quantize(t, spec, seed, offset, operand, transpose, kernels) -> Operand:
 
 
 def _quantize_hadamard_t(t, wr: GemmRecipe, spec, seed, offset, operand, kernels) -> Operand:
-    """t's wgrad operand under a recipe with a Hadamard transform: (T t)^T quantized (hadamard.py), by
-    the native quantizer with the transform fused in where it exists, else emulated."""
-    if kernels:
-        signs = rht_signs(seed, operand_offset(offset, "rht"), wr.wgrad_hadamard)
-        return quantize_hadamard_t(t, spec, signs, seed=seed, offset=operand_offset(offset, operand),
-                                   scale_layout=scale_layout_for(spec, t.device))
-    return emulated_operand(wgrad_operand(t, wr, seed, offset), spec, seed, offset, operand, transpose=True)
+    """t's wgrad operand under a recipe with a Hadamard transform (`gemm.hadamard_wgrad_operand`),
+    its scales in the layout its GEMM reads."""
+    return hadamard_wgrad_operand(t, wr, spec, seed, offset, operand, kernels,
+                                  scale_layout_for(spec, t.device) if kernels else "plain")
 
 
 def _quantize_both(t: torch.Tensor, row: QuantSpec | None, col: QuantSpec | None, need_row: bool, need_col: bool,

@@ -24,7 +24,7 @@ from .formats import LinearPrecision
 from .linear import linear
 from .tensor_parallel import check_shard_blocks, sharded_linear, tp_size, tp_style
 
-__all__ = ["SnipLinear", "convert", "plan_for", "DEFAULT_EXCLUDE"]
+__all__ = ["SnipLinear", "convert", "plan_for", "layer_seed", "DEFAULT_EXCLUDE"]
 
 # Embedding and output head stay high precision by default (DESIGN.md §4).
 DEFAULT_EXCLUDE = ("lm_head", "*.lm_head", "embed_tokens", "*.embed_tokens", "output", "*.output")
@@ -109,7 +109,9 @@ def plan_for(name: str, plan: PlanLike) -> LinearPrecision:
     return LinearPrecision.of(None)
 
 
-def _seed_of(name: str) -> int:
+def layer_seed(name: str) -> int:
+    """A layer's stochastic-rounding seed, from its FQN: every rank (and every framework that converts
+    the same model) gives the same layer the same seed."""
     return zlib.crc32(name.encode())
 
 
@@ -152,7 +154,7 @@ def convert(
             # The parallel styles' hooks and the sharded parameters belong to that module object.
             raise ValueError(f"linear layer {name!r} was parallelized (parallelize_module) before its conversion; "
                              "convert the model first (snip_ops.convert, or build the SnipPlanner), then parallelize")
-        new = SnipLinear.from_linear(mod, precision, seed=_seed_of(name), emulate=bool(emulate), name=name)
+        new = SnipLinear.from_linear(mod, precision, seed=layer_seed(name), emulate=bool(emulate), name=name)
         if not name:  # the model itself is a linear layer
             return new
         parent_name, _, child = name.rpartition(".")

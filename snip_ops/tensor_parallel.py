@@ -44,6 +44,7 @@ before the sum, as in any tensor-parallel linear layer.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -51,11 +52,11 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from .formats import GEMMS, LinearPrecision, QuantSpec, Rounding, ScaleKind
-from .gemm import fp32_mm, operand_offset, transpose_shares_quantization, wgrad_operand
+from .gemm import emulated_operand, fp32_mm, operand_offset, transpose_shares_quantization, wgrad_operand
 from .linear import linear
 from .quantize import dequantize, quantize
 
-__all__ = ["COLWISE", "ROWWISE", "tp_style", "tp_size", "check_shard_blocks", "sharded_linear", "split_reduction_bound"]
+__all__ = ["COLWISE", "ROWWISE", "tp_style", "tp_size", "check_shard_blocks", "global_amax", "sharded_linear", "split_reduction_bound"]
 
 COLWISE, ROWWISE = "colwise", "rowwise"
 
@@ -177,8 +178,11 @@ def _needs_sharded_path(precision: LinearPrecision, shards: _Shards) -> bool:
                for g in GEMMS for _, tensor, field, _ in _OPERANDS[g])
 
 
-def _global_amax(t: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    amax = t.detach().abs().amax().float() if t.numel() else torch.zeros((), device=t.device)
+def global_amax(t: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """max |x| of the whole tensor from this rank's part of it: one all-reduce (MAX) over `group`. A NaN
+    becomes +Inf first (a MAX reduction may drop NaN); both give the same NaN nvfp4 tensor scale."""
+    amax = t.detach().float().abs().amax() if t.numel() else torch.zeros((), dtype=torch.float32, device=t.device)
+    amax = torch.nan_to_num(amax, nan=math.inf)
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
     return amax
 
@@ -187,13 +191,11 @@ def _operand(t: torch.Tensor, tensor: str, spec: QuantSpec | None, operand: str,
              offset: int, shards: _Shards) -> torch.Tensor:
     """float32 values of this rank's part of operand `operand` (t^T when `transpose`), exactly as the
     single-process layer quantizes the whole tensor."""
-    if spec is None:
-        return (t.t() if transpose else t).float()
+    if not shards.needs_whole_tensor(spec, tensor):
+        return emulated_operand(t, spec, seed, offset, operand, transpose)
     off = operand_offset(offset, operand)
     dim = shards.sharded_dim(tensor)
-    if not shards.needs_whole_tensor(spec, tensor):
-        return dequantize(quantize(t, spec, seed=seed, offset=off, transpose=transpose))
-    amax = _global_amax(t, shards.group) if spec.scale == ScaleKind.NVFP4 else None
+    amax = global_amax(t, shards.group) if spec.scale == ScaleKind.NVFP4 else None
     if spec.rounding != Rounding.SR:
         return dequantize(quantize(t, spec, seed=seed, offset=off, transpose=transpose, tensor_amax=amax))
     # Stochastic rounding keys its bits by the element's index in the whole tensor: quantize this shard

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import zlib
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -24,7 +23,7 @@ from torchtitan.models.common.linear import Linear
 from torchtitan.protocols.module import Module
 
 from snip_ops import LinearPrecision, SnipLinear
-from snip_ops.module import DEFAULT_EXCLUDE, plan_for
+from snip_ops.module import DEFAULT_EXCLUDE, layer_seed, plan_for
 
 from ...plan import Plan
 
@@ -82,7 +81,7 @@ class SnipLinearConverter(QuantizationConverter):
             new = TitanSnipLinear.Config(
                 in_features=linear.in_features, out_features=linear.out_features, bias=linear.bias,
                 param_init=linear.param_init, sharding_config=linear.sharding_config,
-                precision=plan_for(fqn, self.plan).to_json(), seed=zlib.crc32(fqn.encode()),
+                precision=plan_for(fqn, self.plan).to_json(), seed=layer_seed(fqn),
                 emulate=cfg.emulate)
             converted.append(fqn)
             if parent is None:
