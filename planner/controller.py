@@ -41,7 +41,6 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from snip_ops import SnipLinear, convert
-from snip_ops.formats import GEMMS
 from snip_ops.module import DEFAULT_EXCLUDE
 from snip_ops.reference import divide_by
 
@@ -52,7 +51,7 @@ from .fsdp import OptimizerView, unsharded_for_planning
 from .ilp import DEFAULT_LAMBDA, OBJECTIVE_TERMS, solve, validate_candidates
 from .plan import Plan
 from .schedule import PrecisionSchedule, ScheduleState
-from .stats import LayerStats, LossFn, PlannerStats, StatsConfig
+from .stats import LossFn, PlannerStats, StatsConfig
 
 __all__ = ["PlannerConfig", "SnipPlanner", "default_loss_fn"]
 
@@ -204,9 +203,9 @@ class SnipPlanner:
         if not _distributed():
             return stats
         if self.tp_group is None:
-            return _reduce_stats(stats, self.config.candidates, dist.ReduceOp.SUM, None)
-        stats = _reduce_stats(stats, self.config.candidates, None, self.tp_group)
-        return _reduce_stats(stats, self.config.candidates, dist.ReduceOp.SUM, self.dp_group) if self.dp_group else stats
+            return _reduce_stats(stats, dist.ReduceOp.SUM, None)
+        stats = _reduce_stats(stats, None, self.tp_group)
+        return _reduce_stats(stats, dist.ReduceOp.SUM, self.dp_group) if self.dp_group else stats
 
     def _logits_fn(self, batch, loss_fn: LossFn | None) -> LogitsFn | None:
         """The given logits_fn; else, for the default loss of a causal LM on a window batch [B, T+1] (the
@@ -285,35 +284,16 @@ def _collective_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-_LAYER_FIELDS = ("out_rms", "grad_out_rms", "grad_in_rms", "weight_grad_rms", "curvature", "s_dgrad", "s_wgrad")
-
-
-def _reduce_stats(stats: PlannerStats, candidates: tuple[str, ...], op: dist.ReduceOp | None,
-                  group: dist.ProcessGroup | None) -> PlannerStats:
+def _reduce_stats(stats: PlannerStats, op: dist.ReduceOp | None, group: dist.ProcessGroup | None) -> PlannerStats:
     """Every per-layer number reduced over `group` (None: the world) in one collective of one flat float64
     tensor: averaged (op SUM, then divided by the group's size), or with op None broadcast from the
     group's first rank."""
-    flat = [stats.loss]
-    for s in stats.layers:
-        flat += [getattr(s, f) for f in _LAYER_FIELDS]
-        flat += [s.errors[p][g] for p in candidates for g in GEMMS]
-    t = torch.tensor(flat, dtype=torch.float64, device=_collective_device())
+    t = torch.tensor(stats.to_vector(), dtype=torch.float64, device=_collective_device())
     if op is None:
         dist.broadcast(t, src=dist.get_global_rank(group, 0), group=group)
-        values = t.tolist()
-    else:
-        dist.all_reduce(t, op=op, group=group)
-        values = divide_by(t, dist.get_world_size(group)).tolist()
-    loss, pos, layers = values[0], 1, []
-    for s in stats.layers:
-        nums = dict(zip(_LAYER_FIELDS, values[pos:pos + len(_LAYER_FIELDS)]))
-        pos += len(_LAYER_FIELDS)
-        errors = {}
-        for p in candidates:
-            errors[p] = dict(zip(GEMMS, values[pos:pos + 3]))
-            pos += 3
-        layers.append(LayerStats(shape=s.shape, errors=errors, **nums))
-    return PlannerStats(tuple(layers), loss, stats.step, stats.preconditioner, stats.diagnostics, stats.wd_units)
+        return stats.with_vector(t.tolist())
+    dist.all_reduce(t, op=op, group=group)
+    return stats.with_vector(divide_by(t, dist.get_world_size(group)).tolist())
 
 
 # nn.Module's forward-hook registries: set aside together, so that hooks taking kwargs stay marked so.

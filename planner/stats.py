@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -34,7 +34,7 @@ from .cost import LayerShape
 
 __all__ = [
     "StatsConfig", "LayerRecording", "Preconditioner", "Recording", "record", "adam_preconditioner",
-    "high_precision", "isolated_rng", "gradient_noise_loss", "LayerStats", "PlannerStats", "WD_UNITS",
+    "high_precision", "isolated_rng", "gradient_noise_loss", "LayerStats", "PlannerStats", "WD_UNITS", "mean_stats",
 ]
 
 LossFn = Callable[[nn.Module, object], torch.Tensor]
@@ -262,6 +262,10 @@ def gradient_noise_loss(model: nn.Module, layers: Mapping[str, nn.Linear], batch
     return total
 
 
+# LayerStats' scalar fields: the numbers that averaging over batches or ranks averages (with the errors)
+LAYER_NUMBERS = ("out_rms", "grad_out_rms", "grad_in_rms", "weight_grad_rms", "curvature", "s_dgrad", "s_wgrad")
+
+
 @dataclass(frozen=True)
 class LayerStats:
     """The per-layer numbers behind a plan (JSON-able)."""
@@ -334,6 +338,30 @@ class PlannerStats:
         sets = [set(s.errors) for s in self.layers]
         return set.intersection(*sets) if sets else set()
 
+    def to_vector(self) -> list[float]:
+        """The loss and every per-layer number (the scalar fields, then the errors, precisions in sorted
+        order), flat: what averaging over batches or data-parallel ranks averages (`with_vector`)."""
+        flat = [self.loss]
+        for s in self.layers:
+            flat += [getattr(s, f) for f in LAYER_NUMBERS]
+            flat += [s.errors[p][g] for p in sorted(s.errors) for g in GEMMS]
+        return flat
+
+    def with_vector(self, values: Sequence[float]) -> "PlannerStats":
+        """These statistics with the numbers of `values` (laid out as `to_vector` lays them out)."""
+        if len(values) != len(self.to_vector()):
+            raise ValueError(f"expected {len(self.to_vector())} numbers for these statistics, got {len(values)}")
+        loss, pos, layers = float(values[0]), 1, []
+        for s in self.layers:
+            nums = {f: float(v) for f, v in zip(LAYER_NUMBERS, values[pos:pos + len(LAYER_NUMBERS)])}
+            pos += len(LAYER_NUMBERS)
+            errors = {}
+            for p in sorted(s.errors):
+                errors[p] = {g: float(v) for g, v in zip(GEMMS, values[pos:pos + len(GEMMS)])}
+                pos += len(GEMMS)
+            layers.append(replace(s, errors=errors, **nums))
+        return replace(self, layers=tuple(layers), loss=loss)
+
     def to_json(self) -> dict:
         return {"loss": self.loss, "step": self.step, "preconditioner": self.preconditioner,
                 "diagnostics": dict(self.diagnostics), "wd_units": self.wd_units,
@@ -344,3 +372,19 @@ class PlannerStats:
         return cls(tuple(LayerStats.from_json(s) for s in obj["layers"]), float(obj["loss"]), obj.get("step"),
                    obj.get("preconditioner", ""), dict(obj.get("diagnostics", {})),
                    obj.get("wd_units", "update"))  # statistics written before loss units existed
+
+
+def mean_stats(stats: Sequence[PlannerStats]) -> PlannerStats:
+    """The mean of measurements of the same layers (on several batches): every per-layer number, the loss
+    and each diagnostic that all of them have, averaged; step and preconditioner are the first's."""
+    if not stats:
+        raise ValueError("no statistics to average")
+    first = stats[0]
+    key = [(s.shape, sorted(s.errors)) for s in first.layers]
+    for other in stats[1:]:
+        if [(s.shape, sorted(s.errors)) for s in other.layers] != key or other.wd_units != first.wd_units:
+            raise ValueError("the statistics to average measure different layers, shapes, candidates or units")
+    mean = [math.fsum(column) / len(stats) for column in zip(*(s.to_vector() for s in stats))]
+    diagnostics = {k: math.fsum(s.diagnostics[k] for s in stats) / len(stats) for k in first.diagnostics
+                   if all(k in s.diagnostics for s in stats)}
+    return replace(first.with_vector(mean), diagnostics=diagnostics)

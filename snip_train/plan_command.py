@@ -8,7 +8,7 @@ with the weights `snip train --save` wrote (`load_preset_model`). The data is a 
 of them), tokenized by the directory's tokenizer or, for a preset, into bytes as `snip train` does, or a
 token file (.npy / .bin, `read_tokens`). `calibration_batches` draws `--batches` windows of
 `--batch-size` x (`--seq-len` + 1) tokens; `plan_offline` measures the planner's statistics on each
-batch, averages them (`average_stats`) and solves the ILP at the budget. The command prints the plan
+batch, averages them (`planner.stats.mean_stats`) and solves the ILP at the budget. The command prints the plan
 table and writes `plan.json` (planner.Plan's snip-plan/1 JSON) and `plan.png` (the heat map) into `--out`:
 
     snip train --preset tiny --precision plans/tiny/plan.json          # a preset's plan
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import time
 from pathlib import Path
@@ -33,11 +32,11 @@ if TYPE_CHECKING:  # imported where used: snip_train.cli imports this module to 
     import torch
     from torch import nn
 
-    from planner import Plan, PlannerConfig, PlannerStats
+    from planner import Plan, PlannerConfig
 
 __all__ = ["PLAN_HELP", "PLAN_DESCRIPTION", "LLAMA_FAMILY", "TOKEN_FILES", "add_plan_arguments",
            "run_plan_command", "planner_config_from_args", "load_hf_model", "load_hf_tokenizer", "load_preset_model",
-           "read_tokens", "calibration_batches", "causal_lm_logits", "causal_lm_loss", "average_stats",
+           "read_tokens", "calibration_batches", "causal_lm_logits", "causal_lm_loss",
            "plan_offline"]
 
 PLAN_HELP = "compute a SNIP plan offline for a trained model (a Hugging Face Llama directory or a snip preset)"
@@ -318,35 +317,6 @@ def causal_lm_loss(model: "nn.Module", window: "torch.Tensor") -> "torch.Tensor"
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
 
 
-def average_stats(stats: "Sequence[PlannerStats]") -> "PlannerStats":
-    """The mean of measurements of the same layers on several batches: every per-layer number, the loss
-    and each diagnostic averaged, as SnipPlanner averages data-parallel ranks' statistics."""
-    from planner import LayerStats, PlannerStats
-
-    if not stats:
-        raise ValueError("no statistics to average")
-    first, n = stats[0], len(stats)
-    key = [(s.shape, sorted(s.errors)) for s in first.layers]
-    for other in stats[1:]:
-        if [(s.shape, sorted(s.errors)) for s in other.layers] != key or other.wd_units != first.wd_units:
-            raise ValueError("the statistics to average measure different layers, shapes, candidates or units")
-    numbers = [f.name for f in dataclasses.fields(LayerStats) if f.name not in ("shape", "errors")]
-
-    def mean(values) -> float:
-        return math.fsum(values) / n
-
-    layers = []
-    for i, base in enumerate(first.layers):
-        per_batch = [s.layers[i] for s in stats]
-        errors = {p: {g: mean(s.errors[p][g] for s in per_batch) for g in e} for p, e in base.errors.items()}
-        layers.append(dataclasses.replace(base, errors=errors,
-                                          **{f: mean(getattr(s, f) for s in per_batch) for f in numbers}))
-    diagnostics = {k: mean(s.diagnostics[k] for s in stats) for k in first.diagnostics
-                   if all(k in s.diagnostics for s in stats)}
-    return PlannerStats(tuple(layers), mean(s.loss for s in stats), first.step, first.preconditioner, diagnostics,
-                        first.wd_units)
-
-
 def plan_offline(model: "nn.Module", batches: "Sequence[torch.Tensor]", config: "PlannerConfig", *,
                  loss_fn: Callable | None = None, logits_fn: Callable | None = None) -> "tuple[Plan, dict]":
     """(The plan of `config` for `model` from the mean statistics of `batches`, timings in seconds).
@@ -355,12 +325,13 @@ def plan_offline(model: "nn.Module", batches: "Sequence[torch.Tensor]", config: 
     excepted) and left in bf16: the plan is not installed. No optimizer: see the module docstring.
     `loss_fn` / `logits_fn` default to `model.loss(window)` and `model(window[:, :-1])` (snip's Llama)."""
     from planner import SnipPlanner
+    from planner.stats import mean_stats
 
     if not batches:
         raise ValueError("plan_offline needs at least one calibration batch")
     planner = SnipPlanner(model, None, config, loss_fn=loss_fn, logits_fn=logits_fn)
     t0 = time.perf_counter()
-    stats = average_stats([planner.measure(b) for b in batches])
+    stats = mean_stats([planner.measure(b) for b in batches])
     t1 = time.perf_counter()
     plan = planner.solve(stats)
     return plan, {"measure_s": t1 - t0, "solve_s": time.perf_counter() - t1}

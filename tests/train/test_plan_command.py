@@ -12,12 +12,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from planner import LayerShape, LayerStats, Plan, PlannerConfig, PlannerStats  # noqa: E402
+from planner import Plan, PlannerConfig  # noqa: E402
 from snip_ops import convert  # noqa: E402
 from snip_ops.formats import GEMMS, recipe  # noqa: E402
 from snip_train import cli  # noqa: E402
 from snip_train.model import LlamaConfig  # noqa: E402
-from snip_train.plan_command import (LLAMA_FAMILY, average_stats, calibration_batches, causal_lm_logits,  # noqa: E402
+from snip_train.plan_command import (LLAMA_FAMILY, calibration_batches, causal_lm_logits,  # noqa: E402
                                      causal_lm_loss, load_hf_model, load_preset_model, plan_offline, read_tokens,
                                      run_plan_command)
 
@@ -234,28 +234,6 @@ def test_calibration_batches_are_seeded_windows_of_the_stream():
         calibration_batches(np.arange(16), 1, 1, 16)
     with pytest.raises(ValueError, match=">= 1"):
         calibration_batches(tokens, 0, 4, 16)
-
-
-# ---------------------------------------------------------------------------------------
-# averaging the statistics of several batches
-# ---------------------------------------------------------------------------------------
-def _stats(scale: float, loss: float, name: str = "a") -> PlannerStats:
-    layer = LayerStats(shape=LayerShape(name, 4, 8, 16), out_rms=1.0 * scale, grad_out_rms=2.0 * scale,
-                       grad_in_rms=3.0 * scale, weight_grad_rms=4.0 * scale, curvature=5.0 * scale,
-                       s_dgrad=6.0 * scale, s_wgrad=7.0 * scale,
-                       errors={"fp8": {g: 0.25 * scale for g in GEMMS}, "fp4": {g: 0.5 * scale for g in GEMMS}})
-    return PlannerStats((layer,), loss, None, "gradient second moment", {"time_record_s": scale}, "loss")
-
-
-def test_average_stats_is_the_mean_of_every_number():
-    mean = average_stats([_stats(1.0, 2.0), _stats(3.0, 4.0)])
-    assert mean.to_json() == _stats(2.0, 3.0).to_json()  # exact: every mean is a dyadic rational
-    one = _stats(1.0, 2.0)
-    assert average_stats([one]).to_json() == one.to_json()
-    with pytest.raises(ValueError, match="different layers"):
-        average_stats([_stats(1.0, 2.0), _stats(1.0, 2.0, name="b")])
-    with pytest.raises(ValueError, match="no statistics"):
-        average_stats([])
 
 
 # ---------------------------------------------------------------------------------------
