@@ -103,9 +103,10 @@ def checkpoint(steps: int = PRE_STEPS, preset: str = "tiny") -> dict:
 
 
 def continue_from(ckpt: dict, steps: int, seed: int, precision=None, hooks=None, evals: int = 4,
-                  constant_steps: int = 0) -> dict:
+                  constant_steps: int = 0, eval_batches: int = RUN["eval_batches"]) -> dict:
     """Train `steps` more steps from the checkpoint, return the summary. The learning rate stays at LR for
-    `constant_steps` steps, then decays along a cosine to LR/10 at the last step."""
+    `constant_steps` steps, then decays along a cosine to LR/10 at the last step. Every evaluation (`evals`
+    of them, plus the one at the start) averages `eval_batches` validation batches."""
     box = {}
 
     def on_setup(model, opt):
@@ -127,7 +128,8 @@ def continue_from(ckpt: dict, steps: int, seed: int, precision=None, hooks=None,
         if hooks is not None:
             hooks.on_step(step, model, batch)
 
-    return train(TrainConfig(**{**RUN, "preset": ckpt.get("preset", "tiny")}, steps=steps, lr=LR, min_lr_ratio=0.1,
+    return train(TrainConfig(**{**RUN, "preset": ckpt.get("preset", "tiny"), "eval_batches": eval_batches},
+                             steps=steps, lr=LR, min_lr_ratio=0.1,
                              warmup_steps=0, seed=seed, eval_interval=max(1, steps // evals) if evals else 0,
                              precision=precision, prepare_model=prepare, on_setup=on_setup, on_step=on_step))
 
@@ -531,7 +533,8 @@ ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
 @dataclasses.dataclass(frozen=True)
 class QualityRun:
     """One branch of the quality grid: `method` trained `steps` steps from the `phase`-step checkpoint of
-    `preset` on the batches of `seed`, re-planning every `interval` steps at `budget` (FP4 share)."""
+    `preset` on the batches of `seed`, re-planning every `interval` steps at `budget` (FP4 share), evaluated
+    on `eval_batches` validation batches (the same ones for every branch)."""
 
     preset: str
     phase: int
@@ -540,11 +543,13 @@ class QualityRun:
     seed: int
     steps: int
     interval: int
+    eval_batches: int
 
     @property
     def key(self) -> str:
         budget = "-" if self.method in ("bf16", "uniform_fp4") else self.budget  # budget-independent runs
-        return f"{self.preset}/{self.phase}/{budget}/{self.method}/{self.seed}/{self.steps}/{self.interval}"
+        return (f"{self.preset}/{self.phase}/{budget}/{self.method}/{self.seed}/{self.steps}/{self.interval}/"
+                f"e{self.eval_batches}")
 
 
 def run_quality(run: QualityRun) -> dict:
@@ -553,17 +558,21 @@ def run_quality(run: QualityRun) -> dict:
     ckpt = checkpoint(run.phase, run.preset)
     t = time.perf_counter()
     hooks = None
+    # evaluated at the start, at every re-plan and at the end
+    evaluate = dict(evals=max(1, run.steps // run.interval), eval_batches=run.eval_batches)
     if run.method == "bf16":
-        summary = continue_from(ckpt, run.steps, run.seed)
+        summary = continue_from(ckpt, run.steps, run.seed, **evaluate)
     elif run.method == "uniform_fp4":  # one plan whatever the statistics say: no planner needed
-        summary = continue_from(ckpt, run.steps, run.seed, precision="fp4")
+        summary = continue_from(ckpt, run.steps, run.seed, precision="fp4", **evaluate)
     else:
         budget = Budget.fp4_fraction(run.budget)
         config = (PlannerConfig(budget=budget, interval=run.interval, **SNIP_VARIANTS[run.method])
                   if run.method in SNIP_VARIANTS else PlannerConfig(budget=budget, interval=run.interval, method=run.method))
         hooks = make_hooks(config, show_table=False, log=lambda m: None)
-        summary = continue_from(ckpt, run.steps, run.seed, hooks=hooks)
+        summary = continue_from(ckpt, run.steps, run.seed, hooks=hooks, **evaluate)
     plans = [dict(h) for h in hooks.planner.history] if hooks else []
+    for summary_of_plan, plan in zip(plans, hooks.plans if hooks else []):  # which layer got which precision
+        summary_of_plan["precisions"] = {n: p.to_json() for n, p in plan.precisions.items()}
     return {"final_val_loss": summary["final_val_loss"], "val": summary["history"]["val"],
             "fp4_fraction": statistics.mean(h["fp4_fraction"] for h in plans) if plans else
             (1.0 if run.method == "uniform_fp4" else 0.0),
@@ -579,7 +588,7 @@ def quality_grid(args) -> list[QualityRun]:
                 for m in methods:
                     if m in ABLATION and budget != args.budgets[len(args.budgets) // 2]:
                         continue  # the ablation at the middle budget only
-                    runs.append(QualityRun(args.preset, phase, budget, m, seed, args.steps, args.interval))
+                    runs.append(QualityRun(args.preset, phase, budget, m, seed, args.steps, args.interval, args.eval_batches))
     return list({r.key: r for r in runs}.values())
 
 
@@ -594,8 +603,8 @@ def quality_table(runs: list[QualityRun], done: dict, budgets, phases, seeds) ->
                     continue
                 if r.method in cell:
                     continue
-                mine = [done.get(QualityRun(r.preset, phase, budget, r.method, s, r.steps, r.interval).key) for s in seeds]
-                ref = [done.get(QualityRun(r.preset, phase, budget, "bf16", s, r.steps, r.interval).key) for s in seeds]
+                mine = [done.get(dataclasses.replace(r, budget=budget, seed=s).key) for s in seeds]
+                ref = [done.get(dataclasses.replace(r, budget=budget, method="bf16", seed=s).key) for s in seeds]
                 if None in mine or None in ref:  # not trained (yet): --report-only on a partial cache
                     continue
                 gaps = [a["final_val_loss"] - b["final_val_loss"] for a, b in zip(mine, ref)]
@@ -653,8 +662,9 @@ def bench_quality(args) -> None:
           f"{args.steps} steps per method (cosine decay to lr/10), seeds {args.seeds}: the seed picks the batches, and "
           "every method of a seed sees the same ones from the same state (paired). Every planned method -- SNIP, its "
           f"ablations and the heuristics -- re-plans every {args.interval} steps from the same statistics with the same "
-          "ILP at the same budget (FP4 share of linear FLOPs). Gap: final validation loss minus the bf16 branch's, "
-          f"mean +- std over seeds. snip: the planner's defaults (Fisher LD, WD in loss units, lambda "
+          "ILP at the same budget (FP4 share of linear FLOPs). Gap: final validation loss (mean over the same "
+          f"{args.eval_batches} validation batches of {RUN['batch_size']} x {RUN['seq_len']} tokens for every branch) minus the "
+          f"bf16 branch's, mean +- std over seeds. snip: the planner's defaults (Fisher LD, WD in loss units, lambda "
           f"{DEFAULT_LAMBDA:g}); snip_ld / snip_wd: one term alone; snip_lam0.1: lambda 0.1.", ""]
     trained = sum(r.key in done for r in runs)
     if trained < len(runs):
@@ -813,6 +823,9 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=1, help="quality: worker processes, one thread each")
     p.add_argument("--name", default="quality", help="quality: results file stem cpu-planner-<name>")
     p.add_argument("--report-only", action="store_true", help="quality: tabulate the runs already trained")
+    p.add_argument("--eval-batches", type=int, default=64,
+                   help="quality: validation batches per evaluation, the same for every branch; the paired gap's "
+                        "sampling error falls as 1/sqrt of it (default: %(default)s)")
     p.add_argument("--batch", type=int, default=16, help="demo: sequences per step (default: %(default)s)")
     p.add_argument("--ilp-only", action="store_true",
                    help="cost: re-time the ILP only, keeping the measurement section of the last full run")

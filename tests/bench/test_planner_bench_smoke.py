@@ -18,7 +18,7 @@ def _bench(tmp_path: Path, *args: str) -> None:
 
 def test_quality_grid(tmp_path):
     _bench(tmp_path, "quality", "--phases", "2", "--budgets", "0.5,0.75", "--seeds", "0,1", "--steps", "2",
-           "--interval", "1", "--methods", "bf16,snip,snip_ld,layer_type,uniform_fp4", "--workers", "2")
+           "--interval", "1", "--methods", "bf16,snip,snip_ld,layer_type,uniform_fp4", "--workers", "2", "--eval-batches", "2")
     out = json.loads((tmp_path / "cpu-planner-quality.json").read_text())
     cell = out["table"]["2/0.75"]
     assert set(cell) == {"bf16", "snip", "snip_ld", "layer_type", "uniform_fp4"}
@@ -26,6 +26,9 @@ def test_quality_grid(tmp_path):
     assert cell["bf16"]["gap_per_seed"] == [0.0, 0.0] and cell["uniform_fp4"]["fp4_fraction"] == 1.0
     assert all(abs(cell[m]["fp4_fraction"] - 0.75) < 0.05 for m in ("snip", "layer_type"))
     assert set(out["verdicts"]) == {"2/0.5", "2/0.75"} and (tmp_path / "cpu-planner-quality.png").exists()
+    snip = next(r for k, r in out["runs"].items() if "/0.75/snip/" in k and k.endswith("/e2"))
+    assert len(snip["plans"]) == 2 and all(len(p["precisions"]) == 28 for p in snip["plans"])  # 4 blocks x 7 linears
+    assert len(snip["val"]["step"]) == 3  # at the start, at the re-plan and at the end
 
 
 def test_validity(tmp_path):
