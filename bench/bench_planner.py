@@ -5,6 +5,7 @@
     python bench/bench_planner.py validity    # per-layer scores vs the true effect of FP4 on one layer
     python bench/bench_planner.py quality     # SNIP vs the heuristics vs bf16: presets x phases x budgets x seeds
     python bench/bench_planner.py schedule    # a precision schedule vs a constant budget at the same mean FP4 share
+    python bench/bench_planner.py swap --raise A,B --lower C,D   # SNIP's plan with layers moved: predicted vs trained
     python bench/bench_planner.py demo        # snip_train.planning.run_comparison (paired) wall time
 
 Each writes bench/results/cpu-planner-<name>.json (raw numbers, command, machine, date) and .md. Every
@@ -781,6 +782,72 @@ def bench_schedule(args) -> None:
                        "seeds": args.seeds, "table": table, "gap_closed": closed, "runs": done}, "\n".join(md))
 
 
+def swap_variants(plan: dict[str, str], raised: list[str], lowered: list[str], high: str, low: str
+                  ) -> dict[str, dict[str, str]]:
+    """SNIP's plan {layer: precision} and its variants: the `raised` layers in `high` ("raised"), the `lowered`
+    layers in `low` ("lowered"), both ("swapped"). A layer pattern is a suffix of the layer names."""
+    def moved(layers, precision):
+        names = [n for n in plan if any(n.endswith(pat) for pat in layers)]
+        if len(names) != len(layers):
+            raise SystemExit(f"swap: {layers} match {names}, not one layer each")
+        return {n: precision for n in names}
+
+    up, down = moved(raised, high), moved(lowered, low)
+    return {"snip": dict(plan), "raised": {**plan, **up}, "lowered": {**plan, **down}, "swapped": {**plan, **up, **down}}
+
+
+def bench_swap(args) -> None:
+    """Fixed plans, paired per seed from one checkpoint: SNIP's plan (made once on the calibration batch at the
+    first budget) and the variants of `swap_variants`, which move layer groups across precisions. This tests
+    the planner's additive per-layer model directly: its objective predicts what each move costs; the
+    branches measure it."""
+    if not args.raise_layers or not args.lower_layers:
+        raise SystemExit("swap needs --raise and --lower (layer-name suffixes)")
+    ckpt = checkpoint(args.phases[0])
+    stats = stats_at(ckpt, DivergenceConfig().draws)
+    budget = Budget.fp4_fraction(args.budgets[0])
+    plan = solve(stats, budget, ("fp8", "fp4"))
+    variants = swap_variants({n: p.to_json() for n, p in plan.precisions.items()}, args.raise_layers,
+                             args.lower_layers, "fp8", "fp4")
+    by_name = stats.by_name()
+    predicted = {}
+    for label, v in variants.items():  # the objective of each variant (per-layer: a layer's GEMMs share a precision)
+        ld = sum(by_name[n].ld(p) for n, p in v.items()) / stats.loss
+        wd = sum(by_name[n].wd(p) for n, p in v.items()) / stats.loss
+        fp4 = sum(by_name[n].shape.in_features * by_name[n].shape.out_features for n, p in v.items() if p == "fp4")
+        total = sum(s.shape.in_features * s.shape.out_features for s in stats.layers)
+        predicted[label] = {"ld_over_loss": ld, "wd_over_loss": wd, "objective": ld + DEFAULT_LAMBDA * wd,
+                            "fp4_share": fp4 / total}
+    cache = CACHE / f"swap-{args.phases[0]}-{args.budgets[0]}-{args.steps}-e{args.eval_batches}.json"
+    done = json.loads(cache.read_text()) if cache.exists() else {}
+    for seed in args.seeds:
+        for label, v in {"bf16": None, **variants}.items():
+            key = f"{label}/{seed}/" + json.dumps(v, sort_keys=True)
+            if key not in done:
+                s = continue_from(ckpt, args.steps, seed, precision=v, evals=1, eval_batches=args.eval_batches)
+                done[key] = s["final_val_loss"]
+                cache.write_text(json.dumps(done))
+                print(f"{label} seed {seed}: val {done[key]:.4f}", flush=True)
+    table = {}
+    for label, v in variants.items():
+        gaps = [done[f"{label}/{s}/" + json.dumps(v, sort_keys=True)] - done[f"bf16/{s}/null"] for s in args.seeds]
+        table[label] = {**predicted[label], "gap_per_seed": gaps, "mean_gap": statistics.mean(gaps),
+                        "std_gap": statistics.stdev(gaps) if len(gaps) > 1 else 0.0}
+    md = [f"From the {args.phases[0]}-step bf16 checkpoint of the tiny preset, {args.steps} steps per branch (cosine "
+          f"decay to lr/10), seeds {args.seeds}, paired; fixed plans, no re-planning. snip: SNIP's plan at "
+          f">= {100 * args.budgets[0]:.0f}% FP4 (fp8/fp4 per layer, planned once on the calibration batch). raised: "
+          f"also {', '.join(args.raise_layers)} in fp8. lowered: also {', '.join(args.lower_layers)} in fp4. swapped: "
+          f"both. Gap: final validation loss on {args.eval_batches} batches minus the bf16 branch's. Predicted: the "
+          "plan's LD/L and WD/L by SNIP's statistics (what its ILP minimises).", "",
+          "| plan | FP4 share | predicted LD/L + WD/L | gap per seed | mean gap +- std |", "|---|---|---|---|---|"]
+    for label, r in table.items():
+        md.append(f"| {label} | {100 * r['fp4_share']:.1f}% | {r['objective']:.5f} | "
+                  + ", ".join(f"{g:+.4f}" for g in r["gap_per_seed"]) + f" | {r['mean_gap']:+.4f} +- {r['std_gap']:.4f} |")
+    write("swap", {"phase": args.phases[0], "budget": args.budgets[0], "steps": args.steps, "seeds": args.seeds,
+                   "eval_batches": args.eval_batches, "raise": args.raise_layers, "lower": args.lower_layers,
+                   "plans": variants, "table": table}, "\n".join(md))
+
+
 def bench_demo(args) -> None:
     """The paired comparison (run_comparison: a bf16 warm-up of half the steps, then bf16, SNIP and
     layer_type branched from it on the same batches), end to end, timed."""
@@ -804,7 +871,7 @@ def bench_demo(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("cost", "validity", "quality", "schedule", "demo"))
+    p.add_argument("what", choices=("cost", "validity", "quality", "schedule", "swap", "demo"))
     p.add_argument("--steps", type=int, default=None, help="training steps per run")
     p.add_argument("--seeds", type=lambda s: [int(v) for v in s.split(",")], default=None)
     p.add_argument("--interval", type=int, default=None, help="SNIP re-plan interval")
@@ -826,6 +893,10 @@ def main() -> None:
     p.add_argument("--eval-batches", type=int, default=64,
                    help="quality: validation batches per evaluation, the same for every branch; the paired gap's "
                         "sampling error falls as 1/sqrt of it (default: %(default)s)")
+    p.add_argument("--raise", dest="raise_layers", type=lambda s: s.split(","), default=None,
+                   help="swap: layers (name suffixes) SNIP's plan also keeps in fp8")
+    p.add_argument("--lower", dest="lower_layers", type=lambda s: s.split(","), default=None,
+                   help="swap: layers (name suffixes) SNIP's plan also puts in fp4")
     p.add_argument("--batch", type=int, default=16, help="demo: sequences per step (default: %(default)s)")
     p.add_argument("--ilp-only", action="store_true",
                    help="cost: re-time the ILP only, keeping the measurement section of the last full run")
@@ -838,18 +909,19 @@ def main() -> None:
         RESULTS = args.results
     torch.set_num_threads(args.threads)
     defaults = {"validity": (30, [0, 1], None), "quality": (100, [0, 1, 2], 50), "schedule": (200, [0, 1, 2], 25),
+                "swap": (100, [0, 1, 2, 3], 0),
                 "demo": (300, [0], 100), "cost": (0, [0], 0)}
     steps, seeds, interval = defaults[args.what]
     args.steps = args.steps if args.steps is not None else steps
     args.seeds = args.seeds or seeds
     args.interval = args.interval or interval
     schedule = args.what == "schedule"
-    args.phases = args.phases or ([PRE_STEPS] if schedule else [100, PRE_STEPS, 1200])
-    args.budgets = args.budgets or ([0.85, 0.62, 0.75] if schedule else [0.5, 0.75, 0.8])
+    args.phases = args.phases or ([PRE_STEPS] if schedule or args.what == "swap" else [100, PRE_STEPS, 1200])
+    args.budgets = args.budgets or ([0.85, 0.62, 0.75] if schedule else [0.8] if args.what == "swap" else [0.5, 0.75, 0.8])
     if schedule and len(args.budgets) != 3:
         p.error("schedule takes --budgets BEFORE_DECAY,AFTER_DECAY,CONSTANT")
     {"cost": bench_cost, "validity": bench_validity, "quality": bench_quality, "schedule": bench_schedule,
-     "demo": bench_demo}[args.what](args)
+     "swap": bench_swap, "demo": bench_demo}[args.what](args)
 
 
 if __name__ == "__main__":

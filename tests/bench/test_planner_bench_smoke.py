@@ -47,3 +47,14 @@ def test_schedule(tmp_path):
     whys = [why for step, why, share in out["table"]["snip_schedule"]["replans"][0]]
     assert ["lr_decay"] in whys or ["interval", "lr_decay"] in whys  # the decay starts in the second half
     assert out["table"]["snip"]["mean_fp4_share"] >= 0.7
+
+
+def test_swap(tmp_path):
+    _bench(tmp_path, "swap", "--phases", "2", "--steps", "2", "--seeds", "0,1", "--eval-batches", "2", "--budgets", "0.5",
+           "--raise", "layers.3.mlp.down_proj", "--lower", "layers.0.self_attn.q_proj")
+    out = json.loads((tmp_path / "cpu-planner-swap.json").read_text())
+    assert set(out["table"]) == {"snip", "raised", "lowered", "swapped"}
+    plans, table = out["plans"], out["table"]
+    assert plans["swapped"]["model.layers.3.mlp.down_proj"] == "fp8" and plans["swapped"]["model.layers.0.self_attn.q_proj"] == "fp4"
+    assert table["raised"]["fp4_share"] <= table["snip"]["fp4_share"] <= table["lowered"]["fp4_share"]
+    assert all(len(r["gap_per_seed"]) == 2 for r in table.values())
