@@ -29,7 +29,7 @@ _EXPORTS = {
     "InfeasibleBudget": "ilp", "solve": "ilp",
     "Plan": "plan",
     "PrecisionSchedule": "schedule",
-    "LayerStats": "stats", "PlannerStats": "stats", "StatsConfig": "stats",
+    "LayerStats": "stats", "PlannerStats": "stats", "StatsConfig": "stats", "mean_stats": "stats",
 }
 
 __all__ = list(_EXPORTS)

@@ -8,7 +8,7 @@ with the weights `snip train --save` wrote (`load_preset_model`). The data is a 
 of them), tokenized by the directory's tokenizer or, for a preset, into bytes as `snip train` does, or a
 token file (.npy / .bin, `read_tokens`). `calibration_batches` draws `--batches` windows of
 `--batch-size` x (`--seq-len` + 1) tokens; `plan_offline` measures the planner's statistics on each
-batch, averages them (`planner.stats.mean_stats`) and solves the ILP at the budget. The command prints the plan
+batch, averages them (`planner.mean_stats`) and solves the ILP at the budget. The command prints the plan
 table and writes `plan.json` (planner.Plan's snip-plan/1 JSON) and `plan.png` (the heat map) into `--out`:
 
     snip train --preset tiny --precision plans/tiny/plan.json          # a preset's plan
@@ -324,8 +324,7 @@ def plan_offline(model: "nn.Module", batches: "Sequence[torch.Tensor]", config: 
     `model` is converted in place (its nn.Linear layers become SnipLinear, the embedding and output head
     excepted) and left in bf16: the plan is not installed. No optimizer: see the module docstring.
     `loss_fn` / `logits_fn` default to `model.loss(window)` and `model(window[:, :-1])` (snip's Llama)."""
-    from planner import SnipPlanner
-    from planner.stats import mean_stats
+    from planner import SnipPlanner, mean_stats
 
     if not batches:
         raise ValueError("plan_offline needs at least one calibration batch")

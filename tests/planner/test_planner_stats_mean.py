@@ -4,7 +4,7 @@ measurements (what `snip plan` averages over calibration batches)."""
 import pytest
 
 from planner import LayerShape, LayerStats, PlannerStats
-from planner.stats import mean_stats
+from planner import mean_stats
 from snip_ops.formats import GEMMS
 
 
