@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 from planner import (Budget, DivergenceConfig, PlannerConfig, PrecisionSchedule, StatsConfig,  # noqa: E402
                      measure, solve)
 from planner.divergence import lm_logits  # noqa: E402
-from planner.cost import LayerShape  # noqa: E402
-from planner.ilp import DEFAULT_LAMBDA  # noqa: E402
+from planner.cost import LayerShape, layer_shapes, plan_metrics  # noqa: E402
+from planner.ilp import DEFAULT_LAMBDA, plan_objective  # noqa: E402
 from planner.stats import LayerStats, PlannerStats  # noqa: E402
 from snip_ops import LinearPrecision, SnipLinear, convert  # noqa: E402
 from snip_ops import gemm as snip_gemm  # noqa: E402
@@ -809,15 +809,12 @@ def bench_swap(args) -> None:
     plan = solve(stats, budget, ("fp8", "fp4"))
     variants = swap_variants({n: p.to_json() for n, p in plan.precisions.items()}, args.raise_layers,
                              args.lower_layers, "fp8", "fp4")
-    by_name = stats.by_name()
+    shapes = layer_shapes(stats.layers)
     predicted = {}
-    for label, v in variants.items():  # the objective of each variant (per-layer: a layer's GEMMs share a precision)
-        ld = sum(by_name[n].ld(p) for n, p in v.items()) / stats.loss
-        wd = sum(by_name[n].wd(p) for n, p in v.items()) / stats.loss
-        fp4 = sum(by_name[n].shape.in_features * by_name[n].shape.out_features for n, p in v.items() if p == "fp4")
-        total = sum(s.shape.in_features * s.shape.out_features for s in stats.layers)
-        predicted[label] = {"ld_over_loss": ld, "wd_over_loss": wd, "objective": ld + DEFAULT_LAMBDA * wd,
-                            "fp4_share": fp4 / total}
+    for label, v in variants.items():  # what SNIP's ILP would score each variant (a layer's GEMMs share a precision)
+        choice = {(n, g): p for n, p in v.items() for g in GEMMS}
+        predicted[label] = {**plan_objective(choice, stats, DEFAULT_LAMBDA),
+                            "fp4_share": plan_metrics(choice, shapes, budget.cost_model).fp4_fraction}
     cache = CACHE / f"swap-{args.phases[0]}-{args.budgets[0]}-{args.steps}-e{args.eval_batches}.json"
     done = json.loads(cache.read_text()) if cache.exists() else {}
     for seed in args.seeds:

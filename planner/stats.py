@@ -349,8 +349,9 @@ class PlannerStats:
 
     def with_vector(self, values: Sequence[float]) -> "PlannerStats":
         """These statistics with the numbers of `values` (laid out as `to_vector` lays them out)."""
-        if len(values) != len(self.to_vector()):
-            raise ValueError(f"expected {len(self.to_vector())} numbers for these statistics, got {len(values)}")
+        expected = 1 + sum(len(LAYER_NUMBERS) + len(s.errors) * len(GEMMS) for s in self.layers)
+        if len(values) != expected:
+            raise ValueError(f"expected {expected} numbers for these statistics, got {len(values)}")
         loss, pos, layers = float(values[0]), 1, []
         for s in self.layers:
             nums = {f: float(v) for f, v in zip(LAYER_NUMBERS, values[pos:pos + len(LAYER_NUMBERS)])}

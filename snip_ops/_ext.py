@@ -77,17 +77,23 @@ def _device_arch(device) -> str | None:
 
 
 @torch.compiler.assume_constant_result  # fixed per process and device: torch.compile takes it as a constant
-def kernel_available(name: str, device) -> bool:
+def kernel_compiled(name: str, device) -> bool:
     """True when the extension has kernel `name` compiled for the arch of `device` (a torch.device, a
-    device string, or a tensor; "cpu": the op's CPU implementation) and the kernel passed its
-    self-check there (snip_ops.self_check)."""
+    device string, or a tensor; "cpu": the op's CPU implementation), whether or not it passed its
+    self-check there."""
     if not HAS_KERNELS:
+        return False
+    arch = _device_arch(device)
+    return arch is not None and arch in kernels().get(name, [])
+
+
+def kernel_available(name: str, device) -> bool:
+    """True when kernel `name` is compiled for `device` (`kernel_compiled`) and passed its self-check
+    there (snip_ops.self_check)."""
+    if not kernel_compiled(name, device):
         return False
     if isinstance(device, torch.Tensor):
         device = device.device
-    arch = _device_arch(device)
-    if arch is None or arch not in kernels().get(name, []):
-        return False
     from . import self_check  # the checks import the ops, which import this module
 
     return self_check.passed(name, device)

@@ -137,7 +137,7 @@ def test_cuda_op(spec, shape):
     """The same on a GPU: the real kernels, compiled for it, against the reference computed on the CPU.
     Skipped only where no GPU or no build for its arch exists: the op is called directly, so a kernel
     that failed its self-check (snip_ops.self_check) is tested, and fails here, rather than skipped."""
-    if not torch.cuda.is_available() or _ext._device_arch("cuda") not in _ext.kernels().get("quantize", []):
+    if not _ext.kernel_compiled("quantize", "cuda"):
         pytest.skip(f"quantize not compiled for this GPU (or no GPU): {_ext.build_info()}")
     x = rand(shape, seed=shape[0])
     got = torch.ops.snip_C.quantize(x.cuda(), spec.describe(), False, True, 5, 0, 9, None, False, 1, sign_mask(SIGNS))

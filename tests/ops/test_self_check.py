@@ -110,6 +110,6 @@ def test_the_checks_pass_on_the_cpu_paths_and_catch_wrong_answers(monkeypatch):
 
 @pytest.mark.gpu
 def test_every_kernel_passes_its_self_check_on_this_gpu():
-    compiled = [k for k, archs in _ext.kernels().items() if _ext._device_arch("cuda") in archs]
+    compiled = [k for k in _ext.kernels() if _ext.kernel_compiled(k, "cuda")]
     for kernel in compiled:
         self_check.CHECKS[kernel](torch.device("cuda"))
