@@ -783,23 +783,40 @@ def bench_schedule(args) -> None:
 
 
 def swap_variants(plan: dict[str, str], raised: list[str], lowered: list[str], high: str, low: str
-                  ) -> dict[str, dict[str, str]]:
+                  ) -> dict[str, dict]:
     """SNIP's plan {layer: precision} and its variants: the `raised` layers in `high` ("raised"), the `lowered`
-    layers in `low` ("lowered"), both ("swapped"). A layer pattern is a suffix of the layer names."""
-    def moved(layers, precision):
-        names = [n for n in plan if any(n.endswith(pat) for pat in layers)]
-        if len(names) != len(layers):
-            raise SystemExit(f"swap: {layers} match {names}, not one layer each")
-        return {n: precision for n in names}
+    layers in `low` ("lowered"), both ("swapped"); and each move split into its forward GEMM alone
+    ("raised_fprop", "lowered_fprop") and its two backward GEMMs alone ("raised_bwd", "lowered_bwd"), which
+    separate what LD prices (fprop) from what WD prices (dgrad, wgrad). A layer pattern is a suffix of the
+    layer names."""
+    def names(layers):
+        found = [n for n in plan if any(n.endswith(pat) for pat in layers)]
+        if len(found) != len(layers):
+            raise SystemExit(f"swap: {layers} match {found}, not one layer each")
+        return found
 
-    up, down = moved(raised, high), moved(lowered, low)
-    return {"snip": dict(plan), "raised": {**plan, **up}, "lowered": {**plan, **down}, "swapped": {**plan, **up, **down}}
+    def moved(layers, precision, gemms=GEMMS):
+        return {n: precision if gemms == GEMMS else {g: precision if g in gemms else _assignment(plan)[n, g]
+                                                     for g in GEMMS} for n in names(layers)}
+
+    out = {"snip": dict(plan), "raised": {**plan, **moved(raised, high)}, "lowered": {**plan, **moved(lowered, low)},
+           "swapped": {**plan, **moved(raised, high), **moved(lowered, low)}}
+    for label, layers, precision in (("raised", raised, high), ("lowered", lowered, low)):
+        out[f"{label}_fprop"] = {**plan, **moved(layers, precision, ("fprop",))}
+        out[f"{label}_bwd"] = {**plan, **moved(layers, precision, ("dgrad", "wgrad"))}
+    return out
+
+
+def _assignment(plan: dict) -> dict[tuple[str, str], str]:
+    """{(layer, GEMM): precision} of a plan whose values are a precision or {GEMM: precision}."""
+    return {(n, g): p if isinstance(p, str) else p[g] for n, p in plan.items() for g in GEMMS}
 
 
 def bench_swap(args) -> None:
     """Fixed plans, paired per seed from one checkpoint: SNIP's plan (made once on the calibration batch at the
-    first budget) and the variants of `swap_variants`, which move layer groups across precisions. This tests
-    the planner's additive per-layer model directly: its objective predicts what each move costs; the
+    first budget) and the variants of `swap_variants`, which move layer groups across precisions, whole or one
+    side (forward / backward) at a time. This tests the planner's additive per-layer model directly: its
+    objective predicts what each move costs, LD for the forward GEMM and WD for the backward ones; the
     branches measure it."""
     if not args.raise_layers or not args.lower_layers:
         raise SystemExit("swap needs --raise and --lower (layer-name suffixes)")
@@ -811,8 +828,8 @@ def bench_swap(args) -> None:
                              args.lower_layers, "fp8", "fp4")
     shapes = layer_shapes(stats.layers)
     predicted = {}
-    for label, v in variants.items():  # what SNIP's ILP would score each variant (a layer's GEMMs share a precision)
-        choice = {(n, g): p for n, p in v.items() for g in GEMMS}
+    for label, v in variants.items():  # what SNIP's ILP would score each variant
+        choice = _assignment(v)
         predicted[label] = {**plan_objective(choice, stats, DEFAULT_LAMBDA),
                             "fp4_share": plan_metrics(choice, shapes, budget.cost_model).fp4_fraction}
     cache = CACHE / f"swap-{args.phases[0]}-{args.budgets[0]}-{args.steps}-e{args.eval_batches}.json"
@@ -830,19 +847,37 @@ def bench_swap(args) -> None:
         gaps = [done[f"{label}/{s}/" + json.dumps(v, sort_keys=True)] - done[f"bf16/{s}/null"] for s in args.seeds]
         table[label] = {**predicted[label], "gap_per_seed": gaps, "mean_gap": statistics.mean(gaps),
                         "std_gap": statistics.stdev(gaps) if len(gaps) > 1 else 0.0}
+    loss = stats.loss
     md = [f"From the {args.phases[0]}-step bf16 checkpoint of the tiny preset, {args.steps} steps per branch (cosine "
           f"decay to lr/10), seeds {args.seeds}, paired; fixed plans, no re-planning. snip: SNIP's plan at "
           f">= {100 * args.budgets[0]:.0f}% FP4 (fp8/fp4 per layer, planned once on the calibration batch). raised: "
           f"also {', '.join(args.raise_layers)} in fp8. lowered: also {', '.join(args.lower_layers)} in fp4. swapped: "
-          f"both. Gap: final validation loss on {args.eval_batches} batches minus the bf16 branch's. Predicted: the "
-          "plan's LD/L and WD/L by SNIP's statistics (what its ILP minimises).", "",
+          "both. _fprop / _bwd: the move of the forward GEMM alone / of the two backward GEMMs alone. Gap: final "
+          f"validation loss on {args.eval_batches} batches minus the bf16 branch's. Predicted: the plan's LD/L and "
+          "WD/L by SNIP's statistics (what its ILP minimises).", "",
           "| plan | FP4 share | predicted LD/L + WD/L | gap per seed | mean gap +- std |", "|---|---|---|---|---|"]
     for label, r in table.items():
         md.append(f"| {label} | {100 * r['fp4_share']:.1f}% | {r['objective']:.5f} | "
                   + ", ".join(f"{g:+.4f}" for g in r["gap_per_seed"]) + f" | {r['mean_gap']:+.4f} +- {r['std_gap']:.4f} |")
+    md += ["", f"Each variant against SNIP's plan, in nats (predicted: the objective's change times the calibration loss "
+           f"{loss:.3f}; LD and WD its forward and backward parts). Trained: the mean paired difference to the snip "
+           "branch, +- its standard error over seeds.", "",
+           "| variant | predicted LD | predicted WD | predicted total | trained |", "|---|---|---|---|---|"]
+    base = table["snip"]
+    snip_runs = [done[f"snip/{s}/" + json.dumps(variants["snip"], sort_keys=True)] for s in args.seeds]
+    for label, r in table.items():
+        if label == "snip":
+            continue
+        diffs = [done[f"{label}/{s}/" + json.dumps(variants[label], sort_keys=True)] - b
+                 for s, b in zip(args.seeds, snip_runs)]
+        se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+        r["trained_vs_snip"], r["trained_vs_snip_se"] = statistics.mean(diffs), se
+        md.append(f"| {label} | {(r['ld_over_loss'] - base['ld_over_loss']) * loss:+.4f} | "
+                  f"{(r['wd'] - base['wd']) * DEFAULT_LAMBDA * loss:+.4f} | {(r['objective'] - base['objective']) * loss:+.4f} | "
+                  f"{r['trained_vs_snip']:+.4f} +- {se:.4f} |")
     write("swap", {"phase": args.phases[0], "budget": args.budgets[0], "steps": args.steps, "seeds": args.seeds,
                    "eval_batches": args.eval_batches, "raise": args.raise_layers, "lower": args.lower_layers,
-                   "plans": variants, "table": table}, "\n".join(md))
+                   "calibration_loss": loss, "plans": variants, "table": table}, "\n".join(md))
 
 
 def bench_demo(args) -> None:

@@ -53,8 +53,17 @@ def test_swap(tmp_path):
     _bench(tmp_path, "swap", "--phases", "2", "--steps", "2", "--seeds", "0,1", "--eval-batches", "2", "--budgets", "0.5",
            "--raise", "layers.3.mlp.down_proj", "--lower", "layers.0.self_attn.q_proj")
     out = json.loads((tmp_path / "cpu-planner-swap.json").read_text())
-    assert set(out["table"]) == {"snip", "raised", "lowered", "swapped"}
+    assert set(out["table"]) == {"snip", "raised", "lowered", "swapped", "raised_fprop", "raised_bwd", "lowered_fprop",
+                                 "lowered_bwd"}
     plans, table = out["plans"], out["table"]
     assert plans["swapped"]["model.layers.3.mlp.down_proj"] == "fp8" and plans["swapped"]["model.layers.0.self_attn.q_proj"] == "fp4"
+    q, down = "model.layers.0.self_attn.q_proj", "model.layers.3.mlp.down_proj"
+    assert plans["lowered_fprop"][q] == {"fprop": "fp4", "dgrad": plans["snip"][q], "wgrad": plans["snip"][q]}
+    assert plans["raised_bwd"][down] == {"fprop": plans["snip"][down], "dgrad": "fp8", "wgrad": "fp8"}
+    # the split moves' predicted costs add up to the whole move's (the objective is a sum over GEMMs)
+    for move in ("raised", "lowered"):
+        parts = table[f"{move}_fprop"]["objective"] + table[f"{move}_bwd"]["objective"] - table["snip"]["objective"]
+        assert abs(parts - table[move]["objective"]) <= 1e-9 * abs(table[move]["objective"])
+    assert all("trained_vs_snip" in r for label, r in table.items() if label != "snip")
     assert table["raised"]["fp4_share"] <= table["snip"]["fp4_share"] <= table["lowered"]["fp4_share"]
     assert all(len(r["gap_per_seed"]) == 2 for r in table.values())
