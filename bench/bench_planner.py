@@ -795,9 +795,11 @@ def swap_variants(plan: dict[str, str], raised: list[str], lowered: list[str], h
             raise SystemExit(f"swap: {layers} match {found}, not one layer each")
         return found
 
+    before = _assignment(plan)
+
     def moved(layers, precision, gemms=GEMMS):
-        return {n: precision if gemms == GEMMS else {g: precision if g in gemms else _assignment(plan)[n, g]
-                                                     for g in GEMMS} for n in names(layers)}
+        return {n: precision if gemms == GEMMS else {g: precision if g in gemms else before[n, g] for g in GEMMS}
+                for n in names(layers)}
 
     out = {"snip": dict(plan), "raised": {**plan, **moved(raised, high)}, "lowered": {**plan, **moved(lowered, low)},
            "swapped": {**plan, **moved(raised, high), **moved(lowered, low)}}
