@@ -38,7 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner import (Budget, DivergenceConfig, PlannerConfig, PrecisionSchedule, StatsConfig,  # noqa: E402
+from planner import (Budget, DivergenceConfig, Plan, PlannerConfig, PrecisionSchedule, StatsConfig,  # noqa: E402
                      measure, solve)
 from planner.divergence import lm_logits  # noqa: E402
 from planner.cost import LayerShape, layer_shapes, plan_metrics  # noqa: E402
@@ -795,7 +795,7 @@ def swap_variants(plan: dict[str, str], raised: list[str], lowered: list[str], h
             raise SystemExit(f"swap: {layers} match {found}, not one layer each")
         return found
 
-    before = _assignment(plan)
+    before = Plan(plan).assignment()
 
     def moved(layers, precision, gemms=GEMMS):
         return {n: precision if gemms == GEMMS else {g: precision if g in gemms else before[n, g] for g in GEMMS}
@@ -807,11 +807,6 @@ def swap_variants(plan: dict[str, str], raised: list[str], lowered: list[str], h
         out[f"{label}_fprop"] = {**plan, **moved(layers, precision, ("fprop",))}
         out[f"{label}_bwd"] = {**plan, **moved(layers, precision, ("dgrad", "wgrad"))}
     return out
-
-
-def _assignment(plan: dict) -> dict[tuple[str, str], str]:
-    """{(layer, GEMM): precision} of a plan whose values are a precision or {GEMM: precision}."""
-    return {(n, g): p if isinstance(p, str) else p[g] for n, p in plan.items() for g in GEMMS}
 
 
 def bench_swap(args) -> None:
@@ -831,11 +826,12 @@ def bench_swap(args) -> None:
     shapes = layer_shapes(stats.layers)
     predicted = {}
     for label, v in variants.items():  # what SNIP's ILP would score each variant
-        choice = _assignment(v)
+        choice = Plan(v).assignment()
         predicted[label] = {**plan_objective(choice, stats, DEFAULT_LAMBDA),
                             "fp4_share": plan_metrics(choice, shapes, budget.cost_model).fp4_fraction}
     cache = CACHE / f"swap-{args.phases[0]}-{args.budgets[0]}-{args.steps}-e{args.eval_batches}.json"
     done = json.loads(cache.read_text()) if cache.exists() else {}
+    runs = {}  # {label: final validation loss per seed}
     for seed in args.seeds:
         for label, v in {"bf16": None, **variants}.items():
             key = f"{label}/{seed}/" + json.dumps(v, sort_keys=True)
@@ -844,9 +840,10 @@ def bench_swap(args) -> None:
                 done[key] = s["final_val_loss"]
                 cache.write_text(json.dumps(done))
                 print(f"{label} seed {seed}: val {done[key]:.4f}", flush=True)
+            runs.setdefault(label, []).append(done[key])
     table = {}
-    for label, v in variants.items():
-        gaps = [done[f"{label}/{s}/" + json.dumps(v, sort_keys=True)] - done[f"bf16/{s}/null"] for s in args.seeds]
+    for label in variants:
+        gaps = [v - b for v, b in zip(runs[label], runs["bf16"])]
         table[label] = {**predicted[label], "gap_per_seed": gaps, "mean_gap": statistics.mean(gaps),
                         "std_gap": statistics.stdev(gaps) if len(gaps) > 1 else 0.0}
     loss = stats.loss
@@ -866,12 +863,10 @@ def bench_swap(args) -> None:
            "branch, +- its standard error over seeds.", "",
            "| variant | predicted LD | predicted WD | predicted total | trained |", "|---|---|---|---|---|"]
     base = table["snip"]
-    snip_runs = [done[f"snip/{s}/" + json.dumps(variants["snip"], sort_keys=True)] for s in args.seeds]
     for label, r in table.items():
         if label == "snip":
             continue
-        diffs = [done[f"{label}/{s}/" + json.dumps(variants[label], sort_keys=True)] - b
-                 for s, b in zip(args.seeds, snip_runs)]
+        diffs = [v - b for v, b in zip(runs[label], runs["snip"])]
         se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
         r["trained_vs_snip"], r["trained_vs_snip_se"] = statistics.mean(diffs), se
         md.append(f"| {label} | {(r['ld_over_loss'] - base['ld_over_loss']) * loss:+.4f} | "
