@@ -526,9 +526,28 @@ def bench_validity(args) -> None:
 # ---------------------------------------------------------------------------------------------
 # The heuristics of planner.baselines that the quality bench compares SNIP with (uniform_fp8 is no contender).
 HEURISTICS = ("uniform_fp4", "first_last", "layer_type", "min_rel_error", "min_abs_error", "random")
-# SNIP (the defaults), its two terms alone and a smaller weight of WD (the ablation), as PlannerConfig fields.
-SNIP_VARIANTS = {"snip": {}, "snip_ld": {"terms": "ld"}, "snip_wd": {"terms": "wd"}, "snip_lam0.1": {"lam": 0.1}}
+# SNIP (the defaults), its two terms alone and a smaller weight of WD (the ablation), as PlannerConfig fields;
+# snip_horizon: WD as the excess loss within one re-plan interval (DivergenceConfig.wd_horizon).
+SNIP_VARIANTS = {"snip": {}, "snip_ld": {"terms": "ld"}, "snip_wd": {"terms": "wd"}, "snip_lam0.1": {"lam": 0.1},
+                 "snip_horizon": {}}
 ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
+# a planned method's name + GEMM_SUFFIX: the same method with one precision per GEMM instead of per layer
+GEMM_SUFFIX = "_gemm"
+
+
+def planner_config(method: str, budget: float, interval: int) -> PlannerConfig:
+    """The PlannerConfig of a planned method of the quality grid (SNIP_VARIANTS, a heuristic, either + _gemm)."""
+    base = method.removesuffix(GEMM_SUFFIX)
+    common = dict(budget=Budget.fp4_fraction(budget), interval=interval,
+                  granularity="gemm" if method.endswith(GEMM_SUFFIX) else "layer")
+    if base == "snip_horizon":
+        return PlannerConfig(**common, divergence=DivergenceConfig(wd_horizon=interval))
+    if base in SNIP_VARIANTS:
+        return PlannerConfig(**common, **SNIP_VARIANTS[base])
+    if base in HEURISTICS:
+        return PlannerConfig(**common, method=base)
+    raise ValueError(f"unknown method {method!r}: bf16, uniform_fp4, or one of {', '.join(SNIP_VARIANTS)}, "
+                     f"{', '.join(HEURISTICS)}, optionally + {GEMM_SUFFIX!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -566,10 +585,7 @@ def run_quality(run: QualityRun) -> dict:
     elif run.method == "uniform_fp4":  # one plan whatever the statistics say: no planner needed
         summary = continue_from(ckpt, run.steps, run.seed, precision="fp4", **evaluate)
     else:
-        budget = Budget.fp4_fraction(run.budget)
-        config = (PlannerConfig(budget=budget, interval=run.interval, **SNIP_VARIANTS[run.method])
-                  if run.method in SNIP_VARIANTS else PlannerConfig(budget=budget, interval=run.interval, method=run.method))
-        hooks = make_hooks(config, show_table=False, log=lambda m: None)
+        hooks = make_hooks(planner_config(run.method, run.budget, run.interval), show_table=False, log=lambda m: None)
         summary = continue_from(ckpt, run.steps, run.seed, hooks=hooks, **evaluate)
     plans = [dict(h) for h in hooks.planner.history] if hooks else []
     for summary_of_plan, plan in zip(plans, hooks.plans if hooks else []):  # which layer got which precision
@@ -582,6 +598,9 @@ def run_quality(run: QualityRun) -> dict:
 
 def quality_grid(args) -> list[QualityRun]:
     methods = ["bf16", *SNIP_VARIANTS, *HEURISTICS] if args.methods is None else args.methods
+    for m in methods:
+        if m not in ("bf16", "uniform_fp4"):
+            planner_config(m, 0.5, args.interval)  # an unknown name fails here, not in a worker
     runs = []
     for phase in args.phases:  # cell by cell (phase, budget), in the order given: partial runs leave whole cells
         for budget in args.budgets:
@@ -618,23 +637,23 @@ def quality_table(runs: list[QualityRun], done: dict, budgets, phases, seeds) ->
     return table
 
 
-def quality_verdicts(table: dict) -> dict:
-    """Per cell: is SNIP's mean gap below every heuristic's, its margin to the best one, and on how many
-    seeds it is below every heuristic."""
+def quality_verdicts(table: dict, claim: str = "snip") -> dict:
+    """Per cell: is the `claim` method's mean gap below every heuristic's (per layer or per GEMM), its margin to
+    the best one, and on how many seeds it is below every heuristic."""
     out = {}
     for key, cell in table.items():
-        if "snip" not in cell:
+        if claim not in cell:
             continue
-        rivals = [m for m in HEURISTICS if m in cell]
+        rivals = [m for m in cell if m.removesuffix(GEMM_SUFFIX) in HEURISTICS]
         if not rivals:
             continue
         best = min(rivals, key=lambda m: cell[m]["mean_gap"])
-        seeds = len(cell["snip"]["gap_per_seed"])
-        out[key] = {"snip_below_every_heuristic": all(cell["snip"]["mean_gap"] < cell[m]["mean_gap"] for m in rivals),
+        mine = cell[claim]
+        out[key] = {"claim": claim, "below_every_heuristic": all(mine["mean_gap"] < cell[m]["mean_gap"] for m in rivals),
                     "best_heuristic": best,
-                    "margin_to_best_heuristic": cell[best]["mean_gap"] - cell["snip"]["mean_gap"],
-                    "seeds_below_every_heuristic": sum(all(cell["snip"]["gap_per_seed"][i] < cell[m]["gap_per_seed"][i]
-                                                           for m in rivals) for i in range(seeds))}
+                    "margin_to_best_heuristic": cell[best]["mean_gap"] - mine["mean_gap"],
+                    "seeds_below_every_heuristic": sum(all(mine["gap_per_seed"][i] < cell[m]["gap_per_seed"][i]
+                                                           for m in rivals) for i in range(len(mine["gap_per_seed"])))}
     return out
 
 
@@ -656,7 +675,7 @@ def bench_quality(args) -> None:
             cache.write_text(json.dumps(done))
             print(f"{r.key}: val {result['final_val_loss']:.4f} ({result['time_s']:.0f}s)", flush=True)
     table = quality_table(runs, done, args.budgets, args.phases, args.seeds)
-    verdicts = quality_verdicts(table)
+    verdicts = quality_verdicts(table, args.claim)
     ckpts = {phase: checkpoint(phase, args.preset)["val_loss"] for phase in args.phases}
     md = [f"Preset {args.preset}; bf16 checkpoints after {', '.join(map(str, args.phases))} steps (one trajectory, "
           f"constant lr {LR:g} after warmup; val loss {', '.join(f'{v:.4f}' for v in ckpts.values())}); from each, "
@@ -666,7 +685,9 @@ def bench_quality(args) -> None:
           "ILP at the same budget (FP4 share of linear FLOPs). Gap: final validation loss (mean over the same "
           f"{args.eval_batches} validation batches of {RUN['batch_size']} x {RUN['seq_len']} tokens for every branch) minus the "
           f"bf16 branch's, mean +- std over seeds. snip: the planner's defaults (Fisher LD, WD in loss units, lambda "
-          f"{DEFAULT_LAMBDA:g}); snip_ld / snip_wd: one term alone; snip_lam0.1: lambda 0.1.", ""]
+          f"{DEFAULT_LAMBDA:g}); snip_ld / snip_wd: one term alone; snip_lam0.1: lambda 0.1; snip_horizon: WD as the "
+          f"excess loss within the {args.interval}-step re-plan interval instead of the settled one; *{GEMM_SUFFIX}: one "
+          "precision per GEMM (forward, dgrad, wgrad) instead of per layer.", ""]
     trained = sum(r.key in done for r in runs)
     if trained < len(runs):
         md += [f"**Partial:** {trained} of the grid's {len(runs)} runs are trained; only complete cells are shown.", ""]
@@ -679,12 +700,12 @@ def bench_quality(args) -> None:
                       + f" | {r['mean_gap']:+.4f} +- {r['std_gap']:.4f} |")
         v = verdicts.get(key)
         if v:
-            md += ["", f"SNIP below every heuristic: {'yes' if v['snip_below_every_heuristic'] else 'NO'}; margin to the "
+            md += ["", f"{args.claim} below every heuristic: {'yes' if v['below_every_heuristic'] else 'NO'}; margin to the "
                    f"best heuristic ({v['best_heuristic']}): {v['margin_to_best_heuristic']:+.4f}; below every heuristic "
                    f"on {v['seeds_below_every_heuristic']} of {len(args.seeds)} seeds.", ""]
     if table:
         plot_quality(table, RESULTS / f"cpu-planner-{args.name}.png",
-                     f"{args.preset}: gap to bf16 per method (mean +- std over {len(args.seeds)} seeds)")
+                     f"{args.preset}: gap to bf16 per method (mean +- std over {len(args.seeds)} seeds)", args.claim)
     write(args.name, {"preset": args.preset, "phases": args.phases, "budgets": args.budgets, "seeds": args.seeds,
                       "steps": args.steps, "interval": args.interval, "checkpoint_val_loss": ckpts,
                       "wall_s": time.perf_counter() - t0, "table": table, "verdicts": verdicts,
@@ -692,7 +713,7 @@ def bench_quality(args) -> None:
                       "complete": all(r.key in done for r in runs)}, "\n".join(md))
 
 
-def plot_quality(table: dict, path: Path, title: str) -> None:
+def plot_quality(table: dict, path: Path, title: str, claim: str = "snip") -> None:
     """One panel per (phase, budget): each method's mean gap to bf16 with its spread over seeds."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -707,7 +728,7 @@ def plot_quality(table: dict, path: Path, title: str) -> None:
         methods = [m for m in cell if m != "bf16"]
         means = [cell[m]["mean_gap"] for m in methods]
         spread = [cell[m]["std_gap"] for m in methods]
-        colors = ["tab:red" if m == "snip" else "tab:orange" if m.startswith("snip") else "tab:gray" for m in methods]
+        colors = ["tab:red" if m == claim else "tab:orange" if m.startswith("snip") else "tab:gray" for m in methods]
         ax.barh(methods, means, xerr=spread, color=colors)
         ax.axvline(0.0, color="black", linewidth=0.8)
         phase, budget = key.split("/")
@@ -915,9 +936,11 @@ def main() -> None:
                    help="quality: FP4 shares of linear FLOPs (default: 0.5,0.75,0.8); schedule: before decay, "
                         "after decay, constant (default: 0.85,0.62,0.75)")
     p.add_argument("--methods", type=lambda s: s.split(","), default=None,
-                   help="quality: bf16, snip, its ablations snip_ld, snip_wd, snip_lam0.1, and heuristics (default: all)")
+                   help="quality: bf16, snip, its ablations snip_ld, snip_wd, snip_lam0.1, snip_horizon, and heuristics; "
+                        f"a planned method + {GEMM_SUFFIX!r} plans per GEMM (default: all, per layer)")
     p.add_argument("--workers", type=int, default=1, help="quality: worker processes, one thread each")
     p.add_argument("--name", default="quality", help="quality: results file stem cpu-planner-<name>")
+    p.add_argument("--claim", default="snip", help="quality: the method judged against every heuristic in the grid")
     p.add_argument("--report-only", action="store_true", help="quality: tabulate the runs already trained")
     p.add_argument("--eval-batches", type=int, default=64,
                    help="quality: validation batches per evaluation, the same for every branch; the paired gap's "

@@ -22,6 +22,11 @@ error-based baselines, which pay the error of whichever precision the layer gets
 
 The ~0 scores are a tie-break of at most 1e-6 (module order; for first_last the distance to the nearest
 end block, inner layers first), so that a plan is a function of the heuristic and the budget alone.
+
+With granularity "gemm" every GEMM is a unit, as in SNIP's per-GEMM plans. The error-based baselines
+score each GEMM by its own error; the others give a layer's dgrad and wgrad `BACKWARD_WEIGHT` times
+its forward score, so that within a layer the backward GEMMs go low first and the layers' order is
+the heuristic's.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ __all__ = ["BASELINES", "baseline", "block_index", "baseline_objective"]
 BASELINES = ("uniform_fp8", "uniform_fp4", "first_last", "layer_type", "min_rel_error", "min_abs_error", "random")
 _BLOCK = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 _TIE = 1e-6
+BACKWARD_WEIGHT = 1e-3  # granularity "gemm": a layer's dgrad / wgrad score against its fprop score
 
 
 def block_index(name: str) -> int | None:
@@ -79,24 +85,26 @@ def _output_sq_norm(s: LayerStats, gemm: str) -> float:
 
 
 def baseline_objective(name: str, stats: PlannerStats, low: str, *, seed: int = 0,
-                       keep: Sequence[str] = ("down_proj", "o_proj")) -> Objective:
+                       keep: Sequence[str] = ("down_proj", "o_proj"), granularity: str = "layer") -> Objective:
     """The ILP objective term (layer stats, GEMM, precision) -> score of the heuristic `name`."""
     if name == "min_rel_error":
         return lambda s, g, p: s.errors[p][g]
     if name == "min_abs_error":
         return lambda s, g, p: s.errors[p][g] * _output_sq_norm(s, g)
     scores = _priorities(name, [s.name for s in stats.layers], seed, keep)
-    return lambda s, g, p: scores[s.name] if g == "fprop" and p == low else 0.0
+    weight = {"fprop": 1.0, "dgrad": 0.0, "wgrad": 0.0} if granularity == "layer" else \
+        {"fprop": 1.0, "dgrad": BACKWARD_WEIGHT, "wgrad": BACKWARD_WEIGHT}
+    return lambda s, g, p: scores[s.name] * weight[g] if p == low else 0.0
 
 
 def baseline(name: str, stats: PlannerStats, budget: Budget, high: str = "fp8", low: str = "fp4", *,
              lam: float = DEFAULT_LAMBDA, seed: int = 0, keep: Sequence[str] = ("down_proj", "o_proj"),
-             tokens: int | None = None, time_limit: float | None = None) -> Plan:
+             granularity: str = "layer", tokens: int | None = None, time_limit: float | None = None) -> Plan:
     """The baseline plan `name` at `budget` (see the module docstring)."""
     if name.startswith("uniform_"):
         return _uniform(name, stats, budget, lam, tokens)
-    objective = baseline_objective(name, stats, low, seed=seed, keep=keep)
-    return solve(stats, budget, (high, low), lam=lam, granularity="layer", tokens=tokens, time_limit=time_limit,
+    objective = baseline_objective(name, stats, low, seed=seed, keep=keep, granularity=granularity)
+    return solve(stats, budget, (high, low), lam=lam, granularity=granularity, tokens=tokens, time_limit=time_limit,
                  objective=objective, method=name)
 
 

@@ -83,8 +83,6 @@ class PlannerConfig:
             raise ValueError(f"method must be 'snip' or a baseline ({', '.join(BASELINES)}), got {self.method!r}")
         if self.terms not in OBJECTIVE_TERMS:
             raise ValueError(f"terms must be one of {OBJECTIVE_TERMS}, got {self.terms!r}")
-        if self.method != "snip" and self.granularity != "layer":
-            raise ValueError("baseline plans are per layer; use granularity='layer'")
 
 
 def default_loss_fn(model: nn.Module, batch) -> torch.Tensor:
@@ -225,7 +223,8 @@ class SnipPlanner:
             return solve(stats, budget, c.candidates, lam=c.lam, granularity=c.granularity, pinned=c.pinned,
                          stages=c.stages, tokens=c.tokens_per_step, terms=c.terms)
         high, low = c.candidates[0], c.candidates[-1]  # e.g. ("fp8", "fp4")
-        return baseline(c.method, stats, budget, high, low, lam=c.lam, tokens=c.tokens_per_step)
+        return baseline(c.method, stats, budget, high, low, lam=c.lam, granularity=c.granularity,
+                        tokens=c.tokens_per_step)
 
     def _solve_with_schedule(self, stats: PlannerStats) -> tuple[Plan, bool]:
         """The plan, and whether the noise-ratio trigger fired on it (then it is made at the raised budget)."""

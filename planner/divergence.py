@@ -51,10 +51,21 @@ of the next update, a quantity without a loss scale.
     otherwise force a tiny step h.
 Per unit relative noise energy, WD(l, p) = s_dgrad e_dgrad(l, p) + s_wgrad e_wgrad(l, p).
 
-Cost (D = draws): "fisher" 1 forward + D backwards for LD, "batched" 2D forward+backward passes; D
-forwards for WD; plus the statistics pass and the quantization errors. Extra memory: the graph of one
-forward (fisher) or the noise of every layer output (batched) during LD, and two parameter-sized copies
-(theta and the direction) during WD.
+The settled excess loss is reached only in the stiff directions. With `wd_horizon` T (steps; the
+planner's re-plan interval is the natural choice, as a plan only lives that long), WD is the excess
+loss T steps after the noise starts instead: along parameter i, with curvature G_ii,
+the preconditioned iteration theta <- theta - lr D_i (G_ii theta + noise) grows the variance as
+1 - (1 - lr D_i G_ii)^(2T) ~ 1 - exp(-2 T lr D_i G_ii) of its stationary value, so
+    c_i  ->  c_i (1 - exp(-2 T lr D_i G_ii))  =  c_i (1 - exp(-8 T c_i G_ii))          (lr D_i = 4 c_i)
+(flat directions pay ~ T lr^2 D_i^2 G_ii s_i / 2, the stiff ones the settled c_i s_i). G_ii is the
+Gauss-Newton diagonal, from the Fisher draws' sampled-label gradients with respect to the parameters,
+E g_i^2 = G_ii / N (the identity of "fisher" above, per parameter), taken in the same backward
+passes as the loss curvature: no extra pass. It needs the logits (method "fisher" or "auto").
+
+Cost (D = draws): "fisher" 1 forward + D backwards for LD (and the Gauss-Newton diagonal), "batched"
+2D forward+backward passes; D forwards for WD; plus the statistics pass and the quantization errors.
+Extra memory: the graph of one forward (fisher) or the noise of every layer output (batched) during LD,
+two parameter-sized copies (theta and the direction) during WD, and one (the diagonal) with wd_horizon.
 """
 
 from __future__ import annotations
@@ -62,7 +73,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Literal, Mapping
+from typing import Callable, Iterable, Literal, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -98,6 +109,7 @@ class DivergenceConfig:
     param_step: float = 1e-3   # ||h M^(1/2) w|| / ||theta||, the parameter perturbation of the batched WD
     method: Literal["auto", "fisher", "batched", "per_layer"] = "auto"
     wd_units: Literal["loss", "update"] = "loss"
+    wd_horizon: int | None = None  # WD as the excess loss after this many steps (None: settled), see above
     seed: int = 0
 
     def __post_init__(self):
@@ -111,6 +123,12 @@ class DivergenceConfig:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         if self.wd_units not in WD_UNITS:
             raise ValueError(f"wd_units must be one of {WD_UNITS}, got {self.wd_units!r}")
+        if self.wd_horizon is not None:
+            if self.wd_horizon < 1:
+                raise ValueError(f"wd_horizon must be >= 1 step or None, got {self.wd_horizon}")
+            if self.wd_units != "loss" or self.method not in ("auto", "fisher"):
+                raise ValueError("wd_horizon needs wd_units 'loss' and the Fisher curvature (method 'auto' or "
+                                 f"'fisher'), got {self.wd_units!r} / {self.method!r}")
 
 
 def _generator(seed: int, key: tuple[int, ...], device: torch.device) -> torch.Generator:
@@ -141,7 +159,9 @@ def _run(model, batch, loss_fn, seed: int, hooks: Iterable[tuple[nn.Module, str,
 
 
 def _fisher_curvature(model, layers: Mapping[str, nn.Linear], batch, logits_fn: LogitsFn, rec: Recording,
-                      config: DivergenceConfig, seed: int) -> tuple[dict[str, float], dict[str, float]]:
+                      config: DivergenceConfig, seed: int, params: Sequence[nn.Parameter] = ()
+                      ) -> tuple[dict[str, float], dict[str, float], dict[nn.Parameter, torch.Tensor]]:
+    """({layer: h_l}, diagnostics, {parameter: Gauss-Newton diagonal} for `params`)."""
     names = list(layers)
     outputs = {}
 
@@ -155,15 +175,19 @@ def _fisher_curvature(model, layers: Mapping[str, nn.Linear], batch, logits_fn: 
     probs = logits.detach().softmax(-1)
     positions = logits.shape[0]
     h = {n: 0.0 for n in names}
+    gn = {p: torch.zeros_like(p, dtype=torch.float32) for p in params}
     for d in range(config.draws):
         labels = torch.multinomial(probs, 1, generator=_generator(config.seed, (d,), probs.device)).squeeze(1)
         loss = F.cross_entropy(logits, labels)
-        grads = torch.autograd.grad(loss, [outputs[n] for n in names], retain_graph=d + 1 < config.draws,
-                                    allow_unused=True)
+        grads = torch.autograd.grad(loss, [outputs[n] for n in names] + list(params),
+                                    retain_graph=d + 1 < config.draws, allow_unused=True)
         for n, g in zip(names, grads):
             sq = float(g.float().pow(2).sum()) if g is not None else 0.0
             h[n] += rec.layers[n].out_rms ** 2 * positions * sq / 2 / config.draws
-    return h, {"curvature_sum": sum(h.values()), "ld_fisher": 1.0}
+        for p, g in zip(params, grads[len(names):]):
+            if g is not None:
+                gn[p] += positions * g.float().pow(2) / config.draws
+    return h, {"curvature_sum": sum(h.values()), "ld_fisher": 1.0}, gn
 
 
 def loss_curvature(model, layers: Mapping[str, nn.Linear], batch, loss_fn: LossFn, rec: Recording,
@@ -176,7 +200,7 @@ def loss_curvature(model, layers: Mapping[str, nn.Linear], batch, loss_fn: LossF
     if method == "fisher":
         if logits_fn is None:
             raise ValueError("method 'fisher' needs the model's logits: pass logits_fn=(model, batch) -> logits")
-        return _fisher_curvature(model, layers, batch, logits_fn, rec, config, seed)
+        return _fisher_curvature(model, layers, batch, logits_fn, rec, config, seed)[:2]
     names = list(layers)
     rms = {n: rec.layers[n].out_rms for n in names}
     sigma = config.sigma
@@ -310,11 +334,21 @@ def measure(model: nn.Module, layers: Mapping[str, nn.Linear], optimizer: torch.
     errors = {n: gemm_errors(r, candidates, seed) for n, r in rec.layers.items()}
     grad_in_rms = {n: float((r.dy @ r.weight.float()).pow(2).mean().sqrt()) for n, r in rec.layers.items()}
     times["time_errors_s"] = time.perf_counter() - t
-    noise = gradient_noise_loss(model, layers, batch, loss_fn, rec, seed) if gradient_noise else None
     with high_precision(layers):
         t = time.perf_counter()
-        curvature, diag = loss_curvature(model, layers, batch, loss_fn, rec, config, seed, logits_fn)
+        if config.wd_horizon is None:
+            curvature, diag = loss_curvature(model, layers, batch, loss_fn, rec, config, seed, logits_fn)
+        else:
+            if logits_fn is None:
+                raise ValueError("wd_horizon needs the model's logits: pass logits_fn=(model, batch) -> logits")
+            weights = rec.preconditioner.excess_loss_weight
+            curvature, diag, gn = _fisher_curvature(model, layers, batch, logits_fn, rec, config, seed, list(weights))
+            rec.preconditioner.excess_loss_weight = {
+                p: c * -torch.expm1(-8 * config.wd_horizon * c * gn[p]) for p, c in weights.items()}
         times["time_loss_divergence_s"] = time.perf_counter() - t
+    # the minibatch's own gradient noise, priced by the same excess-loss weights as WD
+    noise = gradient_noise_loss(model, layers, batch, loss_fn, rec, seed) if gradient_noise else None
+    with high_precision(layers):
         t = time.perf_counter()
         s_dgrad, s_wgrad = weight_sensitivity(model, layers, batch, loss_fn, rec, grad_in_rms, config, seed)
         times["time_weight_divergence_s"] = time.perf_counter() - t

@@ -98,7 +98,8 @@ class Preconditioner:
     `excess_loss_weight[p]` is lr / (4 (sqrt(v_hat) + eps)) elementwise: gradient noise of variance
     s_i on parameter i raises the training loss, once the optimizer has settled with it, by
     sum_i excess_loss_weight_i s_i (divergence.py, "Weight divergence"). lr is the parameter group's
-    current learning rate, or `default_lr` without an optimizer.
+    current learning rate, or `default_lr` without an optimizer. With DivergenceConfig.wd_horizon,
+    `divergence.measure` scales it down to the excess loss reached within that many steps.
     """
 
     scale: dict[nn.Parameter, torch.Tensor]

@@ -145,13 +145,37 @@ def test_each_baseline_is_the_best_plan_of_its_own_scores(trained, name):
     assert got <= best * (1 + 1e-9) + 1e-300, (got, best)
 
 
+@pytest.mark.parametrize("name", [b for b in BASELINES if not b.startswith("uniform_")])
+def test_baselines_per_gemm(trained, name):
+    """Per GEMM, a baseline meets the same budget and scores no worse by its own scores than its per-layer plan
+    (every per-layer plan is a per-GEMM plan); the heuristics without errors keep their layers' order and send
+    a layer's backward GEMMs low before its forward GEMM."""
+    stats = trained[1].plan.stats
+    shapes = {s.name: s.shape for s in stats.layers}
+    budget = Budget.fp4_fraction(0.6)
+    per_gemm = baseline(name, stats, budget, granularity="gemm")
+    per_layer = baseline(name, stats, budget)
+    assert per_gemm.granularity == "gemm" and budget.satisfied_by(plan_metrics(per_gemm.assignment(), shapes))
+    score = baseline_objective(name, stats, "fp4", granularity="gemm")
+    by_name = stats.by_name()
+
+    def total(plan):
+        return sum(score(by_name[n], g, p) for (n, g), p in plan.assignment().items())
+
+    assert total(per_gemm) <= total(per_layer) * (1 + 1e-9) + 1e-300
+    if name in ("first_last", "layer_type", "random"):
+        for n, p in per_gemm.precisions.items():
+            assert p.fprop.name == "fp8" or (p.dgrad.name, p.wgrad.name) == ("fp4", "fp4"), (n, p)
+        if name == "layer_type":  # 60% FP4 < the backward GEMMs' 2/3: every down_proj / o_proj forward stays FP8
+            assert all(p.fprop.name == "fp8" for n, p in per_gemm.precisions.items() if n.endswith(("down_proj", "o_proj")))
+
+
 def test_config_errors():
     with pytest.raises(ValueError, match="unknown precision"):
         PlannerConfig(candidates=("fp8", "int4"))
     with pytest.raises(ValueError, match="interval"):
         PlannerConfig(interval=0)
-    with pytest.raises(ValueError, match="per layer"):
-        PlannerConfig(method="random", granularity="gemm")
+    assert PlannerConfig(method="random", granularity="gemm").granularity == "gemm"  # baselines per GEMM too
     with pytest.raises(ValueError, match="method must be"):
         PlannerConfig(method="greedy")
     model, opt, _ = setup()
