@@ -527,9 +527,9 @@ def bench_validity(args) -> None:
 # The heuristics of planner.baselines that the quality bench compares SNIP with (uniform_fp8 is no contender).
 HEURISTICS = ("uniform_fp4", "first_last", "layer_type", "min_rel_error", "min_abs_error", "random")
 # SNIP (the defaults), its two terms alone and a smaller weight of WD (the ablation), as PlannerConfig fields;
-# snip_horizon: WD as the excess loss within one re-plan interval (DivergenceConfig.wd_horizon).
+# snip_horizon: WD as the excess loss within one re-plan interval (DivergenceConfig.wd_horizon = interval).
 SNIP_VARIANTS = {"snip": {}, "snip_ld": {"terms": "ld"}, "snip_wd": {"terms": "wd"}, "snip_lam0.1": {"lam": 0.1},
-                 "snip_horizon": {}}
+                 "snip_horizon": {"wd_horizon": "interval"}}
 ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
 # a planned method's name + GEMM_SUFFIX: the same method with one precision per GEMM instead of per layer
 GEMM_SUFFIX = "_gemm"
@@ -540,14 +540,15 @@ def planner_config(method: str, budget: float, interval: int) -> PlannerConfig:
     base = method.removesuffix(GEMM_SUFFIX)
     common = dict(budget=Budget.fp4_fraction(budget), interval=interval,
                   granularity="gemm" if method.endswith(GEMM_SUFFIX) else "layer")
-    if base == "snip_horizon":
-        return PlannerConfig(**common, divergence=DivergenceConfig(wd_horizon=interval))
     if base in SNIP_VARIANTS:
-        return PlannerConfig(**common, **SNIP_VARIANTS[base])
+        fields = dict(SNIP_VARIANTS[base])
+        if fields.pop("wd_horizon", None) == "interval":
+            fields["divergence"] = DivergenceConfig(wd_horizon=interval)
+        return PlannerConfig(**common, **fields)
     if base in HEURISTICS:
         return PlannerConfig(**common, method=base)
-    raise ValueError(f"unknown method {method!r}: bf16, uniform_fp4, or one of {', '.join(SNIP_VARIANTS)}, "
-                     f"{', '.join(HEURISTICS)}, optionally + {GEMM_SUFFIX!r}")
+    raise ValueError(f"unknown method {method!r}: bf16, or one of {', '.join(SNIP_VARIANTS)}, {', '.join(HEURISTICS)}, "
+                     f"optionally + {GEMM_SUFFIX!r}")
 
 
 @dataclasses.dataclass(frozen=True)
