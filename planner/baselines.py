@@ -92,9 +92,8 @@ def baseline_objective(name: str, stats: PlannerStats, low: str, *, seed: int = 
     if name == "min_abs_error":
         return lambda s, g, p: s.errors[p][g] * _output_sq_norm(s, g)
     scores = _priorities(name, [s.name for s in stats.layers], seed, keep)
-    weight = {"fprop": 1.0, "dgrad": 0.0, "wgrad": 0.0} if granularity == "layer" else \
-        {"fprop": 1.0, "dgrad": BACKWARD_WEIGHT, "wgrad": BACKWARD_WEIGHT}
-    return lambda s, g, p: scores[s.name] * weight[g] if p == low else 0.0
+    backward = 0.0 if granularity == "layer" else BACKWARD_WEIGHT
+    return lambda s, g, p: scores[s.name] * (1.0 if g == "fprop" else backward) if p == low else 0.0
 
 
 def baseline(name: str, stats: PlannerStats, budget: Budget, high: str = "fp8", low: str = "fp4", *,
