@@ -3,6 +3,7 @@
     python bench/bench_planner.py cost        # ILP on a 70B-like problem; a re-plan's measurement vs a training step
     python bench/bench_planner.py cost --ilp-only   # the ILP part alone (seconds)
     python bench/bench_planner.py validity    # per-layer scores vs the true effect of FP4 on one layer
+    python bench/bench_planner.py horizon     # WD's horizon without logits (gradient variance) vs with (Gauss-Newton)
     python bench/bench_planner.py quality     # SNIP vs the heuristics vs bf16: presets x phases x budgets x seeds
     python bench/bench_planner.py schedule    # a precision schedule vs a constant budget at the same mean FP4 share
     python bench/bench_planner.py swap --raise A,B --lower C,D   # SNIP's plan with layers moved: predicted vs trained
@@ -195,10 +196,12 @@ def step_time(model, opt, batch, reps: int = 5) -> float:
 
 
 def measurement_cost(model, opt, layers, batch, reps: int) -> dict:
-    """One training step (bf16) against one planner measurement at the default settings (Fisher curvature
-    from the logits, 2 draws) and with the batched Hessian curvature, interleaved `reps` times: the
+    """One training step (bf16) against one planner measurement at the planner's default settings (Fisher
+    curvature from the logits, 2 draws, WD over the default re-plan interval) and with the batched Hessian
+    curvature (the horizon's diagonal then from a half-batch gradient), interleaved `reps` times: the
     fastest of each (the machine is shared; interleaving exposes all three to the same load)."""
-    configs = {"default": DivergenceConfig(), "batched_hessian": DivergenceConfig(method="batched")}
+    default = PlannerConfig().divergence_config
+    configs = {"default": default, "batched_hessian": dataclasses.replace(default, method="batched")}
     times = {"bf16_step_s": [], **{f"measure_{k}_s": [] for k in configs}}
     breakdown = {}
     for _ in range(reps):
@@ -521,13 +524,55 @@ def bench_validity(args) -> None:
                        "stats_update_units": update_units.to_json()}, "\n".join(md))
 
 
+def bench_horizon(args) -> None:
+    """WD over the default horizon (the re-plan interval) with the Gauss-Newton diagonal of the Fisher draws
+    against the one a model without logits gets, from the half-batch gradient variance: per checkpoint, the
+    Spearman correlation of the layers' WD sensitivities, their median ratio, and how many GEMMs the per-GEMM
+    plans agree on when LD (the Fisher one) is the same and only WD differs."""
+    rows = []
+    for phase in args.phases:
+        ckpt = checkpoint(phase)
+        stats = {}
+        for label, method in (("gauss_newton", "auto"), ("gradient_variance", "batched")):
+            model, opt, layers = model_at(ckpt)
+            config = PlannerConfig(interval=args.interval, divergence=DivergenceConfig(method=method))
+            stats[label] = measure(model, layers, opt, calibration_batch(), lambda m, b: m.loss(b), ("fp8", "fp4"),
+                                   StatsConfig(), config.divergence_config, logits_fn=lm_logits)
+        gn, var = stats["gauss_newton"], stats["gradient_variance"]
+        row = {"phase": phase, "val_loss": ckpt["val_loss"]}
+        for key in ("s_wgrad", "s_dgrad"):
+            a, b = [getattr(s, key) for s in gn.layers], [getattr(s, key) for s in var.layers]
+            row[f"spearman_{key}"] = spearman(a, b)
+            row[f"median_ratio_{key}"] = statistics.median(y / x for x, y in zip(a, b))
+        mixed = dataclasses.replace(gn, layers=tuple(dataclasses.replace(g, s_dgrad=v.s_dgrad, s_wgrad=v.s_wgrad)
+                                                     for g, v in zip(gn.layers, var.layers)))
+        for budget in args.budgets:
+            plans = [solve(s, Budget.fp4_fraction(budget), ("fp8", "fp4"), granularity="gemm").assignment()
+                     for s in (gn, mixed)]
+            row[f"same_gemms_at_{budget}"] = sum(plans[0][k] == plans[1][k] for k in plans[0]) / len(plans[0])
+        rows.append(row)
+    md = [f"Tiny preset, bf16 checkpoints after {', '.join(map(str, args.phases))} steps, the calibration batch of the "
+          f"quality grid; WD over a horizon of {args.interval} steps (PlannerConfig(interval={args.interval})). "
+          "Gauss-Newton: the diagonal from the Fisher LD pass's sampled-label gradients (a model with logits); "
+          "gradient variance: N Var(g_i) from the half batch (a model without). Plans per GEMM with the "
+          "Gauss-Newton run's LD and either WD.", "",
+          "| phase | val loss | Spearman s_wgrad | median ratio s_wgrad | Spearman s_dgrad | median ratio s_dgrad | " +
+          " | ".join(f"same GEMMs at {b:.0%}" for b in args.budgets) + " |",
+          "|---|---|---|---|---|---|" + "---|" * len(args.budgets)]
+    md += [f"| {r['phase']} | {r['val_loss']:.4f} | {r['spearman_s_wgrad']:.3f} | {r['median_ratio_s_wgrad']:.2f} | "
+           f"{r['spearman_s_dgrad']:.3f} | {r['median_ratio_s_dgrad']:.2f} | " +
+           " | ".join(f"{r[f'same_gemms_at_{b}']:.1%}" for b in args.budgets) + " |" for r in rows]
+    write("horizon", {"interval": args.interval, "budgets": args.budgets, "rows": rows}, "\n".join(md))
+
+
 # ---------------------------------------------------------------------------------------------
 # plan quality
 # ---------------------------------------------------------------------------------------------
 # The heuristics of planner.baselines that the quality bench compares SNIP with (uniform_fp8 is no contender).
 HEURISTICS = ("uniform_fp4", "first_last", "layer_type", "min_rel_error", "min_abs_error", "random")
-# SNIP (the defaults), its two terms alone and a smaller weight of WD (the ablation), as PlannerConfig fields;
-# snip_horizon: WD as the excess loss within one re-plan interval (DivergenceConfig.wd_horizon = interval).
+# SNIP as the paper has it (WD settled), its two terms alone and a smaller weight of WD (the ablation), as
+# PlannerConfig fields; snip_horizon: WD as the excess loss within one re-plan interval. The planner's defaults
+# are snip_horizon_gemm.
 SNIP_VARIANTS = {"snip": {}, "snip_ld": {"terms": "ld"}, "snip_wd": {"terms": "wd"}, "snip_lam0.1": {"lam": 0.1},
                  "snip_horizon": {"wd_horizon": "interval"}}
 ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
@@ -541,10 +586,7 @@ def planner_config(method: str, budget: float, interval: int) -> PlannerConfig:
     common = dict(budget=Budget.fp4_fraction(budget), interval=interval,
                   granularity="gemm" if method.endswith(GEMM_SUFFIX) else "layer")
     if base in SNIP_VARIANTS:
-        fields = dict(SNIP_VARIANTS[base])
-        if fields.pop("wd_horizon", None) == "interval":
-            fields["divergence"] = DivergenceConfig(wd_horizon=interval)
-        return PlannerConfig(**common, **fields)
+        return PlannerConfig(**common, **{"wd_horizon": "settled", **SNIP_VARIANTS[base]})
     if base in HEURISTICS:
         return PlannerConfig(**common, method=base)
     raise ValueError(f"unknown method {method!r}: bf16, or one of {', '.join(SNIP_VARIANTS)}, {', '.join(HEURISTICS)}, "
@@ -922,7 +964,7 @@ def bench_demo(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("cost", "validity", "quality", "schedule", "swap", "demo"))
+    p.add_argument("what", choices=("cost", "validity", "horizon", "quality", "schedule", "swap", "demo"))
     p.add_argument("--steps", type=int, default=None, help="training steps per run")
     p.add_argument("--seeds", type=lambda s: [int(v) for v in s.split(",")], default=None)
     p.add_argument("--interval", type=int, default=None, help="SNIP re-plan interval")
@@ -931,10 +973,10 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=None, help="validity: ground truths for the first N layers only")
     p.add_argument("--preset", default="tiny", help="quality: the model preset (default: %(default)s)")
     p.add_argument("--phases", type=lambda s: [int(v) for v in s.split(",")], default=None,
-                   help="quality: bf16 checkpoint steps the branches start from (default: 100,400,1200); "
+                   help="quality, horizon: bf16 checkpoint steps the branches start from (default: 100,400,1200); "
                         "schedule: the first one (default: 400)")
     p.add_argument("--budgets", type=lambda s: [float(v) for v in s.split(",")], default=None,
-                   help="quality: FP4 shares of linear FLOPs (default: 0.5,0.75,0.8); schedule: before decay, "
+                   help="quality, horizon: FP4 shares of linear FLOPs (default: 0.5,0.75,0.8); schedule: before decay, "
                         "after decay, constant (default: 0.85,0.62,0.75)")
     p.add_argument("--methods", type=lambda s: s.split(","), default=None,
                    help="quality: bf16, snip, its ablations snip_ld, snip_wd, snip_lam0.1, snip_horizon, and heuristics; "
@@ -961,7 +1003,8 @@ def main() -> None:
         global RESULTS
         RESULTS = args.results
     torch.set_num_threads(args.threads)
-    defaults = {"validity": (30, [0, 1], None), "quality": (100, [0, 1, 2], 50), "schedule": (200, [0, 1, 2], 25),
+    defaults = {"validity": (30, [0, 1], None), "horizon": (0, [0], 50), "quality": (100, [0, 1, 2], 50),
+                "schedule": (200, [0, 1, 2], 25),
                 "swap": (100, [0, 1, 2, 3], 0),
                 "demo": (300, [0], 100), "cost": (0, [0], 0)}
     steps, seeds, interval = defaults[args.what]
@@ -973,8 +1016,8 @@ def main() -> None:
     args.budgets = args.budgets or ([0.85, 0.62, 0.75] if schedule else [0.8] if args.what == "swap" else [0.5, 0.75, 0.8])
     if schedule and len(args.budgets) != 3:
         p.error("schedule takes --budgets BEFORE_DECAY,AFTER_DECAY,CONSTANT")
-    {"cost": bench_cost, "validity": bench_validity, "quality": bench_quality, "schedule": bench_schedule,
-     "swap": bench_swap, "demo": bench_demo}[args.what](args)
+    {"cost": bench_cost, "validity": bench_validity, "horizon": bench_horizon, "quality": bench_quality,
+     "schedule": bench_schedule, "swap": bench_swap, "demo": bench_demo}[args.what](args)
 
 
 if __name__ == "__main__":

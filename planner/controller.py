@@ -51,7 +51,7 @@ from .fsdp import OptimizerView, unsharded_for_planning
 from .ilp import DEFAULT_LAMBDA, OBJECTIVE_TERMS, solve, validate_candidates
 from .plan import Plan
 from .schedule import PrecisionSchedule, ScheduleState
-from .stats import LossFn, PlannerStats, StatsConfig
+from .stats import LossFn, PlannerStats, StatsConfig, batch_rows, first_rows
 
 __all__ = ["PlannerConfig", "SnipPlanner", "default_loss_fn"]
 
@@ -64,7 +64,8 @@ class PlannerConfig:
     lam: float = DEFAULT_LAMBDA               # weight of WD against LD (see ilp.DEFAULT_LAMBDA)
     terms: str = "ld+wd"                      # SNIP's objective, or one of its terms alone (ilp.OBJECTIVE_TERMS)
     schedule: PrecisionSchedule | None = None  # re-plans on triggers and a raised budget (planner.schedule)
-    granularity: str = "layer"                # "layer" (one precision per layer) or "gemm"
+    granularity: str = "gemm"                 # "gemm" (fprop, dgrad, wgrad apart) or "layer" (one per layer)
+    wd_horizon: int | str = "interval"        # WD's horizon in steps: "interval", an int, or "settled" (see below)
     method: str = "snip"                      # "snip" (the ILP) or a baseline name (baselines.BASELINES)
     pinned: Mapping[str, object] = field(default_factory=dict)  # {FQN or pattern: precision}
     stages: Mapping[str, int] | None = None   # {FQN or pattern: pipeline stage}: budget per stage
@@ -83,6 +84,23 @@ class PlannerConfig:
             raise ValueError(f"method must be 'snip' or a baseline ({', '.join(BASELINES)}), got {self.method!r}")
         if self.terms not in OBJECTIVE_TERMS:
             raise ValueError(f"terms must be one of {OBJECTIVE_TERMS}, got {self.terms!r}")
+        steps = isinstance(self.wd_horizon, int) and not isinstance(self.wd_horizon, bool) and self.wd_horizon >= 1
+        if not steps and self.wd_horizon not in ("interval", "settled"):
+            raise ValueError(f"wd_horizon must be 'interval', 'settled' or a number of steps >= 1, "
+                             f"got {self.wd_horizon!r}")
+        if self.divergence.wd_horizon is not None:
+            raise ValueError("set the horizon as PlannerConfig.wd_horizon, not DivergenceConfig.wd_horizon")
+        if self.divergence.wd_units != "loss" and self.wd_horizon != "settled":
+            raise ValueError(f"wd_units {self.divergence.wd_units!r} has no horizon: pass wd_horizon='settled'")
+
+    @property
+    def divergence_config(self) -> DivergenceConfig:
+        """`divergence` with the horizon resolved: a plan lives `interval` steps, so by default WD prices the
+        excess loss its gradient noise causes within them (divergence.py, "wd_horizon")."""
+        if self.wd_horizon == "settled":
+            return self.divergence
+        horizon = self.interval if self.wd_horizon == "interval" else self.wd_horizon
+        return dataclasses.replace(self.divergence, wd_horizon=horizon)
 
 
 def default_loss_fn(model: nn.Module, batch) -> torch.Tensor:
@@ -187,16 +205,16 @@ class SnipPlanner:
     def measure(self, batch, step: int | None = None, loss_fn: LossFn | None = None) -> PlannerStats:
         """Statistics and divergences on `batch` (averaged over ranks under torch.distributed)."""
         n = self.config.calib_batch_size
-        if n is not None and torch.is_tensor(batch):
-            batch = batch[:n]
+        if n is not None:
+            batch = first_rows(batch, n)
         sched = self.config.schedule
-        noise = sched is not None and sched.noise_ratio is not None and torch.is_tensor(batch) and batch.shape[0] >= 2
+        noise = sched is not None and sched.noise_ratio is not None and (batch_rows(batch) or 0) >= 2
         with contextlib.ExitStack() as stack:
             optimizer = stack.enter_context(unsharded_for_planning(self.model, self.optimizer))  # no-op without FSDP2
             if self.tp_group is not None:
                 optimizer = stack.enter_context(_whole_tensor_parallel_layers(self.model, optimizer))
             stats = measure(self.model, self.layers, optimizer, batch, loss_fn or self.loss_fn,
-                            self.config.candidates, self.config.stats, self.config.divergence, step,
+                            self.config.candidates, self.config.stats, self.config.divergence_config, step,
                             self._logits_fn(batch, loss_fn), gradient_noise=noise)
         if not _distributed():
             return stats

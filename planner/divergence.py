@@ -60,7 +60,12 @@ the preconditioned iteration theta <- theta - lr D_i (G_ii theta + noise) grows 
 (flat directions pay ~ T lr^2 D_i^2 G_ii s_i / 2, the stiff ones the settled c_i s_i). G_ii is the
 Gauss-Newton diagonal, from the Fisher draws' sampled-label gradients with respect to the parameters,
 E g_i^2 = G_ii / N (the identity of "fisher" above, per parameter), taken in the same backward
-passes as the loss curvature: no extra pass. It needs the logits (method "fisher" or "auto").
+passes as the loss curvature: no extra pass. Without the Fisher draws (no logits, or method "batched" /
+"per_layer") G_ii is read from the variance of the batch-mean gradient instead, G_ii ~ N Var(g_i) with
+N the linear layers' rows (stats.gradient_variance: one forward/backward of half the batch). That is the
+centred empirical Fisher: the Gauss-Newton diagonal in expectation when the labels follow the model and
+the positions are independent; positively correlated positions (tokens of one sequence) read it larger,
+so the horizon saturates sooner and WD leans towards its settled value.
 
 Cost (D = draws): "fisher" 1 forward + D backwards for LD (and the Gauss-Newton diagonal), "batched"
 2D forward+backward passes; D forwards for WD; plus the statistics pass and the quantization errors.
@@ -81,7 +86,7 @@ from torch.nn import functional as F
 
 from .qerror import gemm_errors
 from .stats import (WD_UNITS, LayerStats, LossFn, PlannerStats, Recording, StatsConfig, gradient_noise_loss,
-                    high_precision, isolated_rng, record)
+                    gradient_variance, high_precision, isolated_rng, record)
 
 __all__ = ["DivergenceConfig", "LogitsFn", "lm_logits", "loss_curvature", "weight_sensitivity", "measure"]
 
@@ -109,7 +114,8 @@ class DivergenceConfig:
     param_step: float = 1e-3   # ||h M^(1/2) w|| / ||theta||, the parameter perturbation of the batched WD
     method: Literal["auto", "fisher", "batched", "per_layer"] = "auto"
     wd_units: Literal["loss", "update"] = "loss"
-    wd_horizon: int | None = None  # WD as the excess loss after this many steps (None: settled), see above
+    wd_horizon: int | None = None  # WD as the excess loss after this many steps (None: settled), see above;
+                                   # the planner sets it to its re-plan interval (PlannerConfig.wd_horizon)
     seed: int = 0
 
     def __post_init__(self):
@@ -126,9 +132,8 @@ class DivergenceConfig:
         if self.wd_horizon is not None:
             if self.wd_horizon < 1:
                 raise ValueError(f"wd_horizon must be >= 1 step or None, got {self.wd_horizon}")
-            if self.wd_units != "loss" or self.method not in ("auto", "fisher"):
-                raise ValueError("wd_horizon needs wd_units 'loss' and the Fisher curvature (method 'auto' or "
-                                 f"'fisher'), got {self.wd_units!r} / {self.method!r}")
+            if self.wd_units != "loss":
+                raise ValueError(f"wd_horizon needs wd_units 'loss' (an excess loss), got {self.wd_units!r}")
 
 
 def _generator(seed: int, key: tuple[int, ...], device: torch.device) -> torch.Generator:
@@ -190,13 +195,17 @@ def _fisher_curvature(model, layers: Mapping[str, nn.Linear], batch, logits_fn: 
     return h, {"curvature_sum": sum(h.values()), "ld_fisher": 1.0}, gn
 
 
+def _curvature_method(config: DivergenceConfig, logits_fn: LogitsFn | None) -> str:
+    if config.method == "auto":
+        return "fisher" if logits_fn is not None else "batched"
+    return config.method
+
+
 def loss_curvature(model, layers: Mapping[str, nn.Linear], batch, loss_fn: LossFn, rec: Recording,
                    config: DivergenceConfig, seed: int, logits_fn: LogitsFn | None = None
                    ) -> tuple[dict[str, float], dict[str, float]]:
     """({layer: h_l}, diagnostics), see the module docstring."""
-    method = config.method
-    if method == "auto":
-        method = "fisher" if logits_fn is not None else "batched"
+    method = _curvature_method(config, logits_fn)
     if method == "fisher":
         if logits_fn is None:
             raise ValueError("method 'fisher' needs the model's logits: pass logits_fn=(model, batch) -> logits")
@@ -334,20 +343,30 @@ def measure(model: nn.Module, layers: Mapping[str, nn.Linear], optimizer: torch.
     errors = {n: gemm_errors(r, candidates, seed) for n, r in rec.layers.items()}
     grad_in_rms = {n: float((r.dy @ r.weight.float()).pow(2).mean().sqrt()) for n, r in rec.layers.items()}
     times["time_errors_s"] = time.perf_counter() - t
+    weights = rec.preconditioner.excess_loss_weight
+    # the horizon's Gauss-Newton diagonal from the Fisher draws when LD makes them, else from the gradient variance
+    fisher_diagonal = config.wd_horizon is not None and _curvature_method(config, logits_fn) == "fisher"
     with high_precision(layers):
         t = time.perf_counter()
-        if config.wd_horizon is None:
-            curvature, diag = loss_curvature(model, layers, batch, loss_fn, rec, config, seed, logits_fn)
-        else:
-            if logits_fn is None:
-                raise ValueError("wd_horizon needs the model's logits: pass logits_fn=(model, batch) -> logits")
-            weights = rec.preconditioner.excess_loss_weight
+        if fisher_diagonal:
             curvature, diag, gn = _fisher_curvature(model, layers, batch, logits_fn, rec, config, seed, list(weights))
-            rec.preconditioner.excess_loss_weight = {
-                p: c * -torch.expm1(-8 * config.wd_horizon * c * gn[p]) for p, c in weights.items()}
+        else:
+            curvature, diag = loss_curvature(model, layers, batch, loss_fn, rec, config, seed, logits_fn)
         times["time_loss_divergence_s"] = time.perf_counter() - t
+    variance = None
+    if gradient_noise or (config.wd_horizon is not None and not fisher_diagonal):
+        t = time.perf_counter()
+        variance = gradient_variance(model, layers, batch, loss_fn, rec, seed)
+        times["time_gradient_variance_s"] = time.perf_counter() - t
+    if config.wd_horizon is not None:
+        if not fisher_diagonal:  # the linear layers' rows are the positions the loss averages over
+            positions = next(iter(rec.layers.values())).shape.tokens
+            gn = {p: positions * v for p, v in variance.items()}
+        rec.preconditioner.excess_loss_weight = {
+            p: c * -torch.expm1(-8 * config.wd_horizon * c * gn[p]) if p in gn else torch.zeros_like(c)
+            for p, c in weights.items()}
     # the minibatch's own gradient noise, priced by the same excess-loss weights as WD
-    noise = gradient_noise_loss(model, layers, batch, loss_fn, rec, seed) if gradient_noise else None
+    noise = gradient_noise_loss(variance, rec) if gradient_noise else None
     with high_precision(layers):
         t = time.perf_counter()
         s_dgrad, s_wgrad = weight_sensitivity(model, layers, batch, loss_fn, rec, grad_in_rms, config, seed)

@@ -20,7 +20,8 @@ Triggers (each optional):
   divergence's loss units, divergence.py): gradient_noise_loss / sum_l WD(l, plan). Below
   `noise_ratio` the quantization noise is no longer hidden in the sampling noise, and that plan and all
   after it are made at `raised_budget`. Estimating the minibatch noise costs one extra half-batch
-  backward per re-plan (stats.gradient_noise_loss); only tensor batches can be halved.
+  backward per re-plan (stats.gradient_variance, shared with WD's horizon when it has no logits); a batch
+  can be halved when its tensors share a leading size (stats.batch_rows).
 
 `ScheduleState` holds the run's side of it (peak learning rate, loss average, which triggers fired) and
 is part of the planner's checkpoint.

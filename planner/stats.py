@@ -34,7 +34,8 @@ from .cost import LayerShape
 
 __all__ = [
     "StatsConfig", "LayerRecording", "Preconditioner", "Recording", "record", "adam_preconditioner",
-    "high_precision", "isolated_rng", "gradient_noise_loss", "LayerStats", "PlannerStats", "WD_UNITS", "mean_stats",
+    "high_precision", "isolated_rng", "batch_rows", "first_rows", "gradient_variance", "gradient_noise_loss",
+    "LayerStats", "PlannerStats", "WD_UNITS", "mean_stats",
 ]
 
 LossFn = Callable[[nn.Module, object], torch.Tensor]
@@ -245,22 +246,52 @@ def record(model: nn.Module, layers: Mapping[str, nn.Linear], batch, loss_fn: Lo
     return Recording(loss, recs, grad_of, adam_preconditioner(optimizer, grad_of, config.default_lr))
 
 
-def gradient_noise_loss(model: nn.Module, layers: Mapping[str, nn.Linear], batch: torch.Tensor, loss_fn: LossFn,
-                        rec: Recording, seed: int) -> float:
-    """The excess loss the minibatch gradient's own noise costs the optimizer, sum_i c_i Var(g_i)
-    (c = Preconditioner.excess_loss_weight, divergence.py "Weight divergence"), with the variance of the
-    batch-mean gradient estimated from the first half batch: for halves a, b and g = (g_a + g_b) / 2,
-    E (g_a - g)^2 = E (g_a - g_b)^2 / 4 = Var(g). One forward/backward of half the batch, in high precision."""
-    weights = rec.preconditioner.excess_loss_weight
-    params = list(weights)
+def batch_rows(batch) -> int | None:
+    """The leading size shared by every tensor of a batch (a tensor, or tuples / lists / dicts of them and of
+    non-tensors), or None if they disagree or there is no tensor with a leading dimension."""
+    if torch.is_tensor(batch):
+        return batch.shape[0] if batch.dim() > 0 else None
+    parts = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
+    sizes = {n for n in map(batch_rows, parts) if n is not None}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def first_rows(batch, n: int):
+    """`batch` with every tensor cut to its first `n` rows (the structure of batch_rows)."""
+    if torch.is_tensor(batch):
+        return batch[:n] if batch.dim() > 0 else batch
+    if isinstance(batch, Mapping):
+        return {k: first_rows(v, n) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(first_rows(v, n) for v in batch)
+    return batch
+
+
+def gradient_variance(model: nn.Module, layers: Mapping[str, nn.Linear], batch, loss_fn: LossFn,
+                      rec: Recording, seed: int) -> dict[nn.Parameter, torch.Tensor]:
+    """{parameter: Var(g)} elementwise for every parameter of `rec.grads`, g the batch-mean gradient, from one
+    forward/backward of the first half batch a (high precision; `batch` as in batch_rows): with b the rest,
+    g - g_a = n_b (g_b - g_a) / n and Var(g_b - g_a) = Var(g) n (1/n_a + 1/n_b), so E (g_a - g)^2 n_a / n_b
+    = Var(g) for any split."""
+    rows = batch_rows(batch)
+    if rows is None or rows < 2:
+        raise ValueError("the gradient variance splits the batch in halves: it needs >= 2 rows in every tensor of "
+                         "the batch (a tensor, or tuples / lists / dicts of them)")
+    n_a = rows // 2
+    params = list(rec.grads)
     device = next(iter(layers.values())).weight.device
     with high_precision(layers), isolated_rng(seed, device):
-        grads = torch.autograd.grad(loss_fn(model, batch[: batch.shape[0] // 2]), params, allow_unused=True)
-    total = 0.0
-    for p, g in zip(params, grads):
-        if g is not None:
-            total += float((weights[p] * (g.detach().float() - rec.grads[p].float()).pow(2)).sum())
-    return total
+        grads = torch.autograd.grad(loss_fn(model, first_rows(batch, n_a)), params, allow_unused=True)
+    return {p: (g.detach().float() - rec.grads[p].float()).pow(2) * (n_a / (rows - n_a))
+            for p, g in zip(params, grads) if g is not None}
+
+
+def gradient_noise_loss(variance: Mapping[nn.Parameter, torch.Tensor], rec: Recording) -> float:
+    """The excess loss the minibatch gradient's own noise costs the optimizer, sum_i c_i Var(g_i)
+    (c = Preconditioner.excess_loss_weight, divergence.py "Weight divergence"; `variance` from
+    gradient_variance)."""
+    weights = rec.preconditioner.excess_loss_weight
+    return sum(float((weights[p] * v).sum()) for p, v in variance.items() if p in weights)
 
 
 # LayerStats' scalar fields: the numbers that averaging over batches or ranks averages (with the errors)

@@ -70,6 +70,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
     from .data import DEFAULT_MAX_BYTES
     from .model import PRESETS
+    from .planning import wd_horizon_arg
 
     d, ds = PlannerConfig(), StatsConfig()
     g = p.add_argument_group("model (one of)")
@@ -99,6 +100,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     g.add_argument("--granularity", choices=("layer", "gemm"), default=d.granularity,
                    help="one precision per layer, or per GEMM (fprop, dgrad, wgrad) (default: %(default)s)")
+    g.add_argument("--wd-horizon", type=wd_horizon_arg, default=d.interval, metavar="{N,settled}",
+                   help="WD prices the excess loss gradient noise causes within the N steps the plan will be used "
+                        "for, or once settled (default: %(default)s)")
     g.add_argument("--candidates", default=",".join(d.candidates), metavar="P,P",
                    help="candidate precisions, high to low (default: %(default)s)")
     g.add_argument("--lam", type=float, default=d.lam, metavar="LAMBDA",
@@ -129,7 +133,8 @@ def planner_config_from_args(args: argparse.Namespace) -> "PlannerConfig":
         pins[key] = value
     return PlannerConfig(
         candidates=tuple(c.strip() for c in args.candidates.split(",") if c.strip()),
-        budget=Budget.parse(args.budget, cost), lam=args.lam, granularity=args.granularity, pinned=pins,
+        budget=Budget.parse(args.budget, cost), lam=args.lam, granularity=args.granularity,
+        wd_horizon=args.wd_horizon, pinned=pins,
         stats=StatsConfig(default_lr=args.lr))
 
 

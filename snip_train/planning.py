@@ -71,6 +71,16 @@ def _int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def wd_horizon_arg(text: str) -> int | str:
+    """A PlannerConfig.wd_horizon from the command line: 'interval', 'settled' or a number of steps."""
+    if text in ("interval", "settled"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'interval', 'settled' or a number of steps, got {text!r}") from None
+
+
 def _name_list(text: str) -> tuple[str, ...]:
     return () if text.strip() == "none" else tuple(v.strip() for v in text.split(",") if v.strip())
 
@@ -178,6 +188,9 @@ def add_planner_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--planner-lambda", type=float, default=d.lam, help="weight of WD vs LD/L (default: %(default)s)")
     g.add_argument("--planner-granularity", choices=("layer", "gemm"), default=d.granularity,
                    help="one precision per layer or per GEMM (default: %(default)s)")
+    g.add_argument("--planner-wd-horizon", type=wd_horizon_arg, default=d.wd_horizon, metavar="{interval,settled,N}",
+                   help="WD prices the excess loss gradient noise causes within N steps, within one re-plan "
+                        "interval, or once settled (default: %(default)s)")
     g.add_argument("--planner-cost-table", default=None, metavar="JSON",
                    help="measured GEMM times (bench output) for a 'cost=' budget; default: theoretical FLOP cost")
     g.add_argument("--planner-pin", action="append", default=[], metavar="PATTERN=PREC",
@@ -234,7 +247,7 @@ def config_from_args(args: argparse.Namespace) -> PlannerConfig | None:
         return PlannerConfig(
             candidates=candidates, budget=budget,
             interval=args.planner_interval, lam=args.planner_lambda, granularity=args.planner_granularity,
-            pinned=pins, calib_batch_size=args.planner_calib_batch)
+            wd_horizon=args.planner_wd_horizon, pinned=pins, calib_batch_size=args.planner_calib_batch)
 
 
 def comparison_from_args(args: argparse.Namespace, steps: int) -> ComparisonConfig | None:

@@ -43,6 +43,15 @@ def test_validity(tmp_path):
     assert all(e["layers_with_curvature_<=_0"] == 0 for k, e in out["estimators"].items() if k.startswith("fisher"))
 
 
+def test_horizon(tmp_path):
+    _bench(tmp_path, "horizon", "--phases", "2", "--budgets", "0.5,0.8", "--interval", "3")
+    out = json.loads((tmp_path / "cpu-planner-horizon.json").read_text())
+    (row,) = out["rows"]
+    assert row["phase"] == 2 and out["interval"] == 3
+    assert all(-1 <= row[f"spearman_{k}"] <= 1 and row[f"median_ratio_{k}"] > 0 for k in ("s_wgrad", "s_dgrad"))
+    assert all(0 <= row[f"same_gemms_at_{b}"] <= 1 for b in (0.5, 0.8))
+
+
 def test_schedule(tmp_path):
     _bench(tmp_path, "schedule", "--phases", "2", "--steps", "6", "--interval", "2", "--seeds", "0,1",
            "--budgets", "0.9,0.5,0.7")

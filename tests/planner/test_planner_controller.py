@@ -13,6 +13,7 @@ from planner import BASELINES, Budget, DivergenceConfig, Plan, PlannerConfig, Sn
 from planner.baselines import baseline_objective, block_index
 from planner.divergence import lm_logits
 from planner.cost import gemm_flops, plan_metrics
+from planner.stats import batch_rows, first_rows
 from snip_ops.formats import GEMMS
 from snip_ops import SnipLinear
 
@@ -178,9 +179,38 @@ def test_config_errors():
     assert PlannerConfig(method="random", granularity="gemm").granularity == "gemm"  # baselines per GEMM too
     with pytest.raises(ValueError, match="method must be"):
         PlannerConfig(method="greedy")
+    for bad in (0, "forever", 2.5):
+        with pytest.raises(ValueError, match="wd_horizon must be"):
+            PlannerConfig(wd_horizon=bad)
+    with pytest.raises(ValueError, match="PlannerConfig.wd_horizon"):
+        PlannerConfig(divergence=DivergenceConfig(wd_horizon=5))
+    with pytest.raises(ValueError, match="has no horizon"):
+        PlannerConfig(divergence=DivergenceConfig(wd_units="update"))
+    assert PlannerConfig(wd_horizon="settled", divergence=DivergenceConfig(wd_units="update")).divergence_config \
+        == DivergenceConfig(wd_units="update")
     model, opt, _ = setup()
     with pytest.raises(TypeError, match="no .loss"):
         SnipPlanner(nn.Sequential(nn.Linear(4, 4)), None, PlannerConfig(**FAST)).step(0, torch.randn(2, 4))
+
+
+def test_default_plans_are_per_gemm_with_wd_over_the_re_plan_interval():
+    """A plan lives `interval` steps: by default WD prices the excess loss within them, per GEMM."""
+    d = PlannerConfig(interval=40, divergence=DivergenceConfig(draws=3))
+    assert d.granularity == "gemm" and d.divergence_config == DivergenceConfig(draws=3, wd_horizon=40)
+    assert PlannerConfig(wd_horizon=7).divergence_config.wd_horizon == 7
+    assert PlannerConfig(wd_horizon="settled").divergence_config.wd_horizon is None
+
+
+def test_batches_are_halved_and_cut_tensor_by_tensor():
+    x, y = torch.randn(6, 3), torch.arange(6)
+    batch = {"inputs": (x, [y, "tag"]), "scale": 2.0, "mask": torch.ones(6, 2)}
+    assert batch_rows(batch) == 6 and batch_rows(x) == 6
+    cut = first_rows(batch, 2)
+    assert torch.equal(cut["inputs"][0], x[:2]) and torch.equal(cut["inputs"][1][0], y[:2])
+    assert cut["inputs"][1][1] == "tag" and cut["scale"] == 2.0 and cut["mask"].shape == (2, 2)
+    assert isinstance(cut["inputs"], tuple) and isinstance(cut["inputs"][1], list)
+    for bad in ((x, torch.arange(5)), {"a": "text"}, torch.tensor(1.0)):  # disagreeing, no tensor, no dimension
+        assert batch_rows(bad) is None
 
 
 def test_default_curvature_is_fisher_for_a_causal_lm_window_batch():

@@ -20,7 +20,7 @@ def _measure_and_plan(rank: int) -> dict:
     planner = SnipPlanner(model, opt, cfg)
     batch = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(100 + rank))  # per-rank data
     local = measure(planner.model, planner.layers, opt, batch, planner.loss_fn, cfg.candidates, cfg.stats,
-                    cfg.divergence, logits_fn=lm_logits)  # the planner's default for a causal LM
+                    cfg.divergence_config, logits_fn=lm_logits)  # the planner's default for a causal LM
     plan = planner.step(0, batch)
     return json.loads(json.dumps({"plan": plan.to_json(), "local": local.to_json()}))
 

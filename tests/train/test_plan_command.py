@@ -185,6 +185,7 @@ def test_bad_arguments_fail_before_measuring(hf_dir, token_file, tmp_path, monke
         (("--hf", hf_dir, "--data", tmp_path / "none.npy", "--out", tmp_path / "out"), "--data .*: no such file"),
         (("--hf", hf_dir, *common, "--seq-len", "64"), "--seq-len 64 exceeds the model's context length 32"),
         (("--hf", hf_dir, *common, "--batches", "0"), "must be >= 1"),
+        (("--hf", hf_dir, *common, "--wd-horizon", "0"), "wd_horizon must be"),
         (("--hf", hf_dir, "--preset", "tiny", *common), "not allowed with argument --hf"),
     ]
     for argv, message in cases:
