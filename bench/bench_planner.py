@@ -197,23 +197,30 @@ def step_time(model, opt, batch, reps: int = 5) -> float:
 
 def measurement_cost(model, opt, layers, batch, reps: int) -> dict:
     """One training step (bf16) against one planner measurement at the planner's default settings (Fisher
-    curvature from the logits, 2 draws, WD over the default re-plan interval) and with the batched Hessian
-    curvature (the horizon's diagonal then from a half-batch gradient), interleaved `reps` times: the
-    fastest of each (the machine is shared; interleaving exposes all three to the same load)."""
-    default = PlannerConfig().divergence_config
+    curvature from the logits, 2 draws, WD over the default re-plan interval; with the default ILP solve
+    after it, a whole re-plan) and with the batched Hessian curvature (the horizon's diagonal then from a
+    half-batch gradient), interleaved `reps` times: the fastest of each (the machine is shared;
+    interleaving exposes all of them to the same load)."""
+    planner = PlannerConfig()
+    default = planner.divergence_config
     configs = {"default": default, "batched_hessian": dataclasses.replace(default, method="batched")}
-    times = {"bf16_step_s": [], **{f"measure_{k}_s": [] for k in configs}}
+    times = {"bf16_step_s": [], **{f"measure_{k}_s": [] for k in configs}, "solve_default_s": []}
     breakdown = {}
     for _ in range(reps):
         times["bf16_step_s"].append(step_time(model, opt, batch, reps=2))
         for label, config in configs.items():
             t = time.perf_counter()
-            s = measure(model, layers, opt, batch, lambda m, b: m.loss(b), ("fp8", "fp4"), StatsConfig(), config,
+            s = measure(model, layers, opt, batch, lambda m, b: m.loss(b), planner.candidates, StatsConfig(), config,
                         logits_fn=lm_logits)
             times[f"measure_{label}_s"].append(time.perf_counter() - t)
             breakdown[label] = {k: v for k, v in s.diagnostics.items() if k.startswith("time_")}
+            if label == "default":  # the rest of a re-plan: the ILP at the default budget and granularity
+                t = time.perf_counter()
+                solve(s, planner.budget, planner.candidates, lam=planner.lam, granularity=planner.granularity)
+                times["solve_default_s"].append(time.perf_counter() - t)
     out = {k: min(v) for k, v in times.items()}
     out.update({f"measure_{k}_over_bf16_step": out[f"measure_{k}_s"] / out["bf16_step_s"] for k in configs})
+    out["replan_default_over_bf16_step"] = (out["measure_default_s"] + out["solve_default_s"]) / out["bf16_step_s"]
     out["breakdown_of_the_last_repeat"] = breakdown
     out["all_times_s"] = times
     return out
@@ -274,13 +281,14 @@ def ilp_markdown(ilp: list[dict]) -> list[str]:
 def measurement_markdown(timing: dict, provenance: str) -> list[str]:
     md = ["", "## Measurement vs one training step (batch 8 x 128, CPU, 1 thread; fastest of interleaved repeats, "
           "since the machine may be shared)" + provenance, "",
-          "| preset | parameters | bf16 step s | measurement s (default: Fisher) | ratio | measurement s (batched "
-          "Hessian) | ratio |", "|---|---|---|---|---|---|---|"]
+          "| preset | parameters | bf16 step s | measurement s (default: Fisher) | ratio | + ILP solve s | re-plan "
+          "ratio | measurement s (batched Hessian) | ratio |", "|---|---|---|---|---|---|---|---|---|"]
     for preset, t in timing.items():
-        if not isinstance(t, dict) or "measure_default_s" not in t:  # an earlier layout of this file
+        if not isinstance(t, dict) or "solve_default_s" not in t:  # an earlier layout of this file
             continue
         md.append(f"| {preset} | {t['params'] / 1e6:.2f}M | {t['bf16_step_s']:.3f} | {t['measure_default_s']:.3f} | "
-                  f"{t['measure_default_over_bf16_step']:.2f}x | {t['measure_batched_hessian_s']:.3f} | "
+                  f"{t['measure_default_over_bf16_step']:.2f}x | {t['solve_default_s']:.3f} | "
+                  f"{t['replan_default_over_bf16_step']:.2f}x | {t['measure_batched_hessian_s']:.3f} | "
                   f"{t['measure_batched_hessian_over_bf16_step']:.2f}x |")
     return md + ["", "```", json.dumps(timing, indent=1), "```"]
 
@@ -294,7 +302,7 @@ def bench_cost(args) -> None:
             old["measurement"], f"; measured {made['date']} by `{made['command']}`")
         write("cost", {"ilp": ilp, "measurement": old["measurement"], "measurement_made": made}, "\n".join(md))
         return
-    timing = {preset: preset_cost(preset, reps) for preset, reps in (("tiny", 5), ("mini", 3))}
+    timing = {preset: preset_cost(preset, args.reps or {"tiny": 5}.get(preset, 3)) for preset in args.presets}
     write("cost", {"ilp": ilp, "measurement": timing}, "\n".join(ilp_markdown(ilp) + measurement_markdown(timing, "")))
 
 
@@ -993,6 +1001,10 @@ def main() -> None:
     p.add_argument("--lower", dest="lower_layers", type=lambda s: s.split(","), default=None,
                    help="swap: layers (name suffixes) SNIP's plan also puts in fp4")
     p.add_argument("--batch", type=int, default=16, help="demo: sequences per step (default: %(default)s)")
+    p.add_argument("--presets", type=lambda s: s.split(","), default=["tiny", "mini"],
+                   help="cost: the presets whose measurement is timed (default: tiny,mini)")
+    p.add_argument("--reps", type=int, default=None,
+                   help="cost: interleaved repeats per preset (default: 5 for tiny, 3 otherwise)")
     p.add_argument("--ilp-only", action="store_true",
                    help="cost: re-time the ILP only, keeping the measurement section of the last full run")
     p.add_argument("--threads", type=int, default=1,

@@ -163,6 +163,15 @@ def _run(model, batch, loss_fn, seed: int, hooks: Iterable[tuple[nn.Module, str,
             h.remove()
 
 
+def _sample(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One label per row of `probs` [rows, classes], drawn by inverting the row's CDF at a uniform u: the
+    class i with cdf[i-1] <= u cdf[-1] < cdf[i] (classes of zero mass are never drawn). One uniform per row,
+    where torch.multinomial costs as much as a backward pass of the tiny model."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, generator=gen, device=probs.device, dtype=torch.float64)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
+
+
 def _fisher_curvature(model, layers: Mapping[str, nn.Linear], batch, logits_fn: LogitsFn, rec: Recording,
                       config: DivergenceConfig, seed: int, params: Sequence[nn.Parameter] = ()
                       ) -> tuple[dict[str, float], dict[str, float], dict[nn.Parameter, torch.Tensor]]:
@@ -182,7 +191,7 @@ def _fisher_curvature(model, layers: Mapping[str, nn.Linear], batch, logits_fn: 
     h = {n: 0.0 for n in names}
     gn = {p: torch.zeros_like(p, dtype=torch.float32) for p in params}
     for d in range(config.draws):
-        labels = torch.multinomial(probs, 1, generator=_generator(config.seed, (d,), probs.device)).squeeze(1)
+        labels = _sample(probs, _generator(config.seed, (d,), probs.device))
         loss = F.cross_entropy(logits, labels)
         grads = torch.autograd.grad(loss, [outputs[n] for n in names] + list(params),
                                     retain_graph=d + 1 < config.draws, allow_unused=True)

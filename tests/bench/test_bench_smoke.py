@@ -24,6 +24,14 @@ def test_planner_ilp_timing(tmp_path):
     assert all(row["certified_optimal"] for row in result["ilp"])
 
 
+def test_planner_cost(tmp_path):
+    _bench("bench_planner.py", "cost", "--presets", "tiny", "--reps", "1", "--results", str(tmp_path))
+    tiny = json.loads((tmp_path / "cpu-planner-cost.json").read_text())["measurement"]["tiny"]
+    assert tiny["replan_default_over_bf16_step"] > tiny["measure_default_over_bf16_step"] > 0
+    assert "time_gradient_variance_s" in tiny["breakdown_of_the_last_repeat"]["batched_hessian"]
+    assert "re-plan ratio" in (tmp_path / "cpu-planner-cost.md").read_text()
+
+
 def test_planner_demo(tmp_path, monkeypatch):
     monkeypatch.setenv("SNIP_BENCH_CACHE", str(tmp_path / "cache"))
     _bench("bench_planner.py", "demo", "--steps", "2", "--batch", "2", "--interval", "1", "--results", str(tmp_path))

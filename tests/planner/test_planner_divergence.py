@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 from bounds import assert_within, gamma, gemm_error_bound, relative_frobenius, unit_roundoff
 from causal_lm import CausalLM
-from planner.divergence import DivergenceConfig, lm_logits, measure
+from planner.divergence import DivergenceConfig, _sample, lm_logits, measure
 from planner.qerror import gemm_errors, relative_error
 from planner.stats import StatsConfig, adam_preconditioner, gradient_variance
 from snip_ops import SnipLinear, convert, gemm
@@ -262,6 +262,22 @@ def test_fisher_curvature_is_the_gauss_newton_trace():
     est = torch.tensor([[m.by_name()[n].curvature for n in layers] for m in runs], dtype=torch.float64)
     standard_error = (est.var(0) / len(runs)).sqrt()
     assert ((est.mean(0) - exact).abs() < 6 * standard_error).all(), (est.mean(0), exact)
+
+
+def test_fisher_labels_follow_the_model_and_never_a_class_of_zero_mass():
+    """The inverse-CDF draws: each class's frequency over 40000 draws within 6 standard errors of its
+    probability; classes of zero mass (also the last, and rows of one class) never drawn."""
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3], [0.0, 0.0, 0.0, 1.0], [0.25, 0.25, 0.25, 0.25], [0.5, 0.5, 0.0, 0.0]])
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros_like(probs, dtype=torch.float64)
+    draws = 40000
+    for _ in range(draws // 100):
+        labels = _sample(probs.repeat(100, 1), gen).view(100, 4)
+        counts += F.one_hot(labels, 4).sum(0).double()
+    freq = counts / draws
+    standard_error = (probs.double() * (1 - probs.double()) / draws).sqrt()
+    assert ((freq - probs.double()).abs() <= 6 * standard_error).all(), freq
+    assert (counts[probs == 0] == 0).all()
 
 
 def test_loss_unit_wd_is_the_stationary_excess_loss_weight():
