@@ -15,7 +15,8 @@ table and writes `plan.json` (planner.Plan's snip-plan/1 JSON) and `plan.png` (t
     snip_ops.convert(model, Plan.load("plans/llama/plan.json").precisions)   # the HF model's (FQNs)
 
 No training happens, so there is no optimizer state: the weight divergence uses what SnipPlanner uses
-before Adam's first step, each tensor's gradient second moment as Adam's v, at the learning rate `--lr`.
+before Adam's first step, each tensor's gradient second moment as Adam's v, at the learning rate `--lr`,
+over the `--wd-horizon` steps the plan will be used for.
 """
 
 from __future__ import annotations
