@@ -735,10 +735,11 @@ def bench_quality(args) -> None:
           f"ablations and the heuristics -- re-plans every {args.interval} steps from the same statistics with the same "
           "ILP at the same budget (FP4 share of linear FLOPs). Gap: final validation loss (mean over the same "
           f"{args.eval_batches} validation batches of {RUN['batch_size']} x {RUN['seq_len']} tokens for every branch) minus the "
-          f"bf16 branch's, mean +- std over seeds. snip: the planner's defaults (Fisher LD, WD in loss units, lambda "
-          f"{DEFAULT_LAMBDA:g}); snip_ld / snip_wd: one term alone; snip_lam0.1: lambda 0.1; snip_horizon: WD as the "
-          f"excess loss within the {args.interval}-step re-plan interval instead of the settled one; *{GEMM_SUFFIX}: one "
-          "precision per GEMM (forward, dgrad, wgrad) instead of per layer.", ""]
+          f"bf16 branch's, mean +- std over seeds. snip: SNIP per layer as the paper plans (Fisher LD, WD in loss units "
+          f"once settled, lambda {DEFAULT_LAMBDA:g}); snip_ld / snip_wd: one term alone; snip_lam0.1: lambda 0.1; "
+          f"snip_horizon: WD as the excess loss within the {args.interval}-step re-plan interval instead of the settled "
+          f"one; *{GEMM_SUFFIX}: one precision per GEMM (forward, dgrad, wgrad) instead of per layer; the planner's "
+          f"defaults are snip_horizon{GEMM_SUFFIX}.", ""]
     trained = sum(r.key in done for r in runs)
     if trained < len(runs):
         md += [f"**Partial:** {trained} of the grid's {len(runs)} runs are trained; only complete cells are shown.", ""]
@@ -804,10 +805,11 @@ def bench_schedule(args) -> None:
     the constant budget args.budgets[2] (chosen near the schedule's measured mean share)."""
     ckpt = checkpoint(args.phases[0])
     high, low, constant = args.budgets
+    paper = dict(granularity="layer", wd_horizon="settled")  # the setting of the committed schedule results
     methods = {
         "bf16": None,
-        "snip": PlannerConfig(budget=Budget.fp4_fraction(constant), interval=args.interval),
-        "snip_schedule": PlannerConfig(budget=Budget.fp4_fraction(high), interval=args.interval,
+        "snip": PlannerConfig(budget=Budget.fp4_fraction(constant), interval=args.interval, **paper),
+        "snip_schedule": PlannerConfig(budget=Budget.fp4_fraction(high), interval=args.interval, **paper,
                                        schedule=PrecisionSchedule(lr_decay=0.05,
                                                                   raised_budget=Budget.fp4_fraction(low))),
     }
@@ -836,7 +838,8 @@ def bench_schedule(args) -> None:
     closed = table["snip"]["mean_gap"] - table["snip_schedule"]["mean_gap"]
     md = [f"From the {args.phases[0]}-step bf16 checkpoint of the tiny preset, {args.steps} steps per branch: lr {LR:g} "
           f"held for {args.steps // 2} steps, then a cosine decay to {LR / 10:g}; seeds {args.seeds} (paired: same "
-          f"state and batches per seed). snip: re-plans every {args.interval} steps at >= {100 * constant:.0f}% FP4. "
+          f"state and batches per seed). snip: re-plans every {args.interval} steps at >= {100 * constant:.0f}% FP4, per "
+          "layer with the settled WD. "
           f"snip_schedule: the same every {args.interval} steps at >= {100 * high:.0f}% FP4, and from the step the lr "
           f"falls 5% below its peak (a re-plan there) at >= {100 * low:.0f}%: the most sensitive GEMMs go up for "
           "the decay. Mean FP4 share: over the steps, each plan weighted by the steps it ran.", "",

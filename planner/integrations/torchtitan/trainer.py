@@ -50,8 +50,8 @@ class SnipPlanning:
     budget: str = "fp4=0.75"
     """'fp4=0.75' (at least 75% of the linear FLOPs in FP4) or 'cost=0.3' (30% of the all-bf16 cost)."""
 
-    granularity: Literal["layer", "gemm"] = "layer"
-    """One precision per layer, or one per GEMM (fprop, dgrad, wgrad)."""
+    granularity: Literal["gemm", "layer"] = "gemm"
+    """One precision per GEMM (fprop, dgrad, wgrad), or one per layer."""
 
     plan_file: str = "snip_plan.json"
     """Where rank 0 writes each new plan, relative to the dump folder ('' writes none)."""
