@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import platform
 import random
+import re
 import statistics
 import sys
 import time
@@ -586,6 +587,9 @@ SNIP_VARIANTS = {"snip": {}, "snip_ld": {"terms": "ld"}, "snip_wd": {"terms": "w
 ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
 # a planned method's name + GEMM_SUFFIX: the same method with one precision per GEMM instead of per layer
 GEMM_SUFFIX = "_gemm"
+# "random<k>" (k >= 1): the random heuristic with the priorities of seed k ("random" is seed 0). One random plan is
+# one draw; several give the distribution SNIP's plan is ranked in (quality_random_ranks), not more rivals.
+RANDOM_DRAW = re.compile(r"random([1-9][0-9]*)")
 
 
 def planner_config(method: str, budget: float, interval: int) -> PlannerConfig:
@@ -597,8 +601,10 @@ def planner_config(method: str, budget: float, interval: int) -> PlannerConfig:
         return PlannerConfig(**common, **{"wd_horizon": "settled", **SNIP_VARIANTS[base]})
     if base in HEURISTICS:
         return PlannerConfig(**common, method=base)
+    if draw := RANDOM_DRAW.fullmatch(base):
+        return PlannerConfig(**common, method="random", baseline_seed=int(draw.group(1)))
     raise ValueError(f"unknown method {method!r}: bf16, or one of {', '.join(SNIP_VARIANTS)}, {', '.join(HEURISTICS)}, "
-                     f"optionally + {GEMM_SUFFIX!r}")
+                     f"random<k>, optionally + {GEMM_SUFFIX!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -708,6 +714,27 @@ def quality_verdicts(table: dict, claim: str = "snip") -> dict:
     return out
 
 
+def quality_random_ranks(table: dict, claim: str) -> dict:
+    """Per cell with the random heuristic drawn more than once at the claim's granularity (random, random<k>):
+    below how many of the draws the `claim` method's mean gap lies, and the paired per-seed difference between
+    the draws' mean gap and the claim's (mean and standard error): SNIP against random choice, not one draw."""
+    suffix = GEMM_SUFFIX if claim.endswith(GEMM_SUFFIX) else ""
+    out = {}
+    for key, cell in table.items():
+        draws = [m for m in cell if m.endswith(suffix) and
+                 (m.removesuffix(suffix) == "random" or RANDOM_DRAW.fullmatch(m.removesuffix(suffix)))]
+        if claim not in cell or len(draws) < 2:
+            continue
+        mine = cell[claim]
+        diffs = [statistics.mean(cell[m]["gap_per_seed"][i] for m in draws) - g
+                 for i, g in enumerate(mine["gap_per_seed"])]
+        out[key] = {"draws": sorted(draws), "below_draws": sum(mine["mean_gap"] < cell[m]["mean_gap"] for m in draws),
+                    "draw_mean_gaps": sorted(cell[m]["mean_gap"] for m in draws),
+                    "advantage_over_draw_mean": statistics.mean(diffs),
+                    "advantage_standard_error": statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0}
+    return out
+
+
 def bench_quality(args) -> None:
     """SNIP vs the heuristics (each re-planned at the same interval and budget by the same ILP) and SNIP's
     ablation, paired per seed from bf16 checkpoints at several training phases."""
@@ -727,6 +754,7 @@ def bench_quality(args) -> None:
             print(f"{r.key}: val {result['final_val_loss']:.4f} ({result['time_s']:.0f}s)", flush=True)
     table = quality_table(runs, done, args.budgets, args.phases, args.seeds)
     verdicts = quality_verdicts(table, args.claim)
+    ranks = quality_random_ranks(table, args.claim)
     ckpts = {phase: checkpoint(phase, args.preset)["val_loss"] for phase in args.phases}
     md = [f"Preset {args.preset}; bf16 checkpoints after {', '.join(map(str, args.phases))} steps (one trajectory, "
           f"constant lr {LR:g} after warmup; val loss {', '.join(f'{v:.4f}' for v in ckpts.values())}); from each, "
@@ -755,12 +783,18 @@ def bench_quality(args) -> None:
             md += ["", f"{args.claim} below every heuristic: {'yes' if v['below_every_heuristic'] else 'NO'}; margin to the "
                    f"best heuristic ({v['best_heuristic']}): {v['margin_to_best_heuristic']:+.4f}; below every heuristic "
                    f"on {v['seeds_below_every_heuristic']} of {len(args.seeds)} seeds.", ""]
+        r = ranks.get(key)
+        if r:
+            md += [f"{args.claim} against {len(r['draws'])} random plans (mean gaps "
+                   f"{', '.join(f'{g:+.4f}' for g in r['draw_mean_gaps'])}): below {r['below_draws']} of them; the "
+                   f"draws' mean gap minus {args.claim}'s, paired per seed: {r['advantage_over_draw_mean']:+.4f} +- "
+                   f"{r['advantage_standard_error']:.4f} (standard error).", ""]
     if table:
         plot_quality(table, RESULTS / f"cpu-planner-{args.name}.png",
                      f"{args.preset}: gap to bf16 per method (mean +- std over {len(args.seeds)} seeds)", args.claim)
     write(args.name, {"preset": args.preset, "phases": args.phases, "budgets": args.budgets, "seeds": args.seeds,
                       "steps": args.steps, "interval": args.interval, "checkpoint_val_loss": ckpts,
-                      "wall_s": time.perf_counter() - t0, "table": table, "verdicts": verdicts,
+                      "wall_s": time.perf_counter() - t0, "table": table, "verdicts": verdicts, "random_ranks": ranks,
                       "runs": {r.key: done[r.key] for r in runs if r.key in done},
                       "complete": all(r.key in done for r in runs)}, "\n".join(md))
 
@@ -991,6 +1025,7 @@ def main() -> None:
                         "after decay, constant (default: 0.85,0.62,0.75)")
     p.add_argument("--methods", type=lambda s: s.split(","), default=None,
                    help="quality: bf16, snip, its ablations snip_ld, snip_wd, snip_lam0.1, snip_horizon, and heuristics; "
+                        "random<k>: the random heuristic's draw k (the claim is ranked among the draws); "
                         f"a planned method + {GEMM_SUFFIX!r} plans per GEMM (default: all, per layer)")
     p.add_argument("--workers", type=int, default=1, help="quality: worker processes, one thread each")
     p.add_argument("--name", default="quality", help="quality: results file stem cpu-planner-<name>")

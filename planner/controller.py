@@ -67,6 +67,7 @@ class PlannerConfig:
     granularity: str = "gemm"                 # "gemm" (fprop, dgrad, wgrad apart) or "layer" (one per layer)
     wd_horizon: int | str = "interval"        # WD's horizon in steps: "interval", an int, or "settled" (see below)
     method: str = "snip"                      # "snip" (the ILP) or a baseline name (baselines.BASELINES)
+    baseline_seed: int = 0                    # the "random" baseline's draw of layer priorities
     pinned: Mapping[str, object] = field(default_factory=dict)  # {FQN or pattern: precision}
     stages: Mapping[str, int] | None = None   # {FQN or pattern: pipeline stage}: budget per stage
     calib_batch_size: int | None = None       # measure on the first rows of the batch only
@@ -242,7 +243,7 @@ class SnipPlanner:
                          stages=c.stages, tokens=c.tokens_per_step, terms=c.terms)
         high, low = c.candidates[0], c.candidates[-1]  # e.g. ("fp8", "fp4")
         return baseline(c.method, stats, budget, high, low, lam=c.lam, granularity=c.granularity,
-                        tokens=c.tokens_per_step)
+                        tokens=c.tokens_per_step, seed=c.baseline_seed)
 
     def _solve_with_schedule(self, stats: PlannerStats) -> tuple[Plan, bool]:
         """The plan, and whether the noise-ratio trigger fired on it (then it is made at the raised budget)."""

@@ -106,6 +106,14 @@ def test_generic_model_with_custom_loss():
     assert all(isinstance(model[i], SnipLinear) for i in (0, 2, 4))
 
 
+def test_the_random_baseline_plans_with_its_seed():
+    _, _, planner = setup(method="random", baseline_seed=3, granularity="gemm")
+    stats = planner.measure(batches(1)[0])
+    want = baseline("random", stats, planner.config.budget, seed=3, granularity="gemm")
+    assert planner.solve(stats).precisions == want.precisions
+    assert want.precisions != baseline("random", stats, planner.config.budget, granularity="gemm").precisions
+
+
 def test_baselines_share_the_budget(trained):
     stats = trained[1].plan.stats
     shapes = {s.name: s.shape for s in stats.layers}
