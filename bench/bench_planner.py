@@ -153,12 +153,13 @@ def calibration_batch(seed: int = 7) -> torch.Tensor:
 
 
 def stats_at(ckpt: dict, draws: int, candidates=("fp8", "fp4"), method: str = "auto",
-             wd_units: str = "loss") -> PlannerStats:
+             wd_units: str = "loss", wd_horizon: int | None = None) -> PlannerStats:
     """The planner's statistics at the checkpoint, as SnipPlanner measures them (the Fisher curvature from
     the logits unless `method` says otherwise)."""
     model, opt, layers = model_at(ckpt)
-    return measure(model, layers, opt, calibration_batch(), lambda m, b: m.loss(b), candidates,
-                   StatsConfig(), DivergenceConfig(draws=draws, method=method, wd_units=wd_units), logits_fn=lm_logits)
+    config = DivergenceConfig(draws=draws, method=method, wd_units=wd_units, wd_horizon=wd_horizon)
+    return measure(model, layers, opt, calibration_batch(), lambda m, b: m.loss(b), candidates, StatsConfig(), config,
+                   logits_fn=lm_logits)
 
 
 def plan_dict(plan) -> dict:
@@ -541,13 +542,8 @@ def bench_horizon(args) -> None:
     rows = []
     for phase in args.phases:
         ckpt = checkpoint(phase)
-        stats = {}
-        for label, method in (("gauss_newton", "auto"), ("gradient_variance", "batched")):
-            model, opt, layers = model_at(ckpt)
-            config = PlannerConfig(interval=args.interval, divergence=DivergenceConfig(method=method))
-            stats[label] = measure(model, layers, opt, calibration_batch(), lambda m, b: m.loss(b), ("fp8", "fp4"),
-                                   StatsConfig(), config.divergence_config, logits_fn=lm_logits)
-        gn, var = stats["gauss_newton"], stats["gradient_variance"]
+        gn, var = (stats_at(ckpt, DivergenceConfig().draws, method=method, wd_horizon=args.interval)
+                   for method in ("auto", "batched"))  # the Gauss-Newton diagonal, the gradient variance
         row = {"phase": phase, "val_loss": ckpt["val_loss"]}
         for key in ("s_wgrad", "s_dgrad"):
             a, b = [getattr(s, key) for s in gn.layers], [getattr(s, key) for s in var.layers]

@@ -372,9 +372,8 @@ def measure(model: nn.Module, layers: Mapping[str, nn.Linear], optimizer: torch.
         if not fisher_diagonal:  # the linear layers' rows are the positions the loss averages over
             positions = next(iter(rec.layers.values())).shape.tokens
             gn = {p: positions * v for p, v in variance.items()}
-        rec.preconditioner.excess_loss_weight = {
-            p: c * -torch.expm1(-8 * config.wd_horizon * c * gn[p]) if p in gn else torch.zeros_like(c)
-            for p, c in weights.items()}
+        rec.preconditioner.excess_loss_weight = {  # no gradient on this batch: G_ii = 0
+            p: c * -torch.expm1(-8 * config.wd_horizon * c * gn.get(p, 0.0)) for p, c in weights.items()}
     # the minibatch's own gradient noise, priced by the same excess-loss weights as WD
     noise = gradient_noise_loss(variance, rec) if gradient_noise else None
     with high_precision(layers):
