@@ -105,6 +105,9 @@ class TrainConfig:
     weights: str = "fp32"
     # precision
     precision: str | dict | None = "bf16"
+    # what the summary and the loss plot call the precision when a hook chooses it as the run goes ("snip": a
+    # live planner); `precision` is then only where the run starts
+    precision_name: str | None = None
     amp: bool | None = None  # bf16 autocast; None: on for CUDA or BF16 weights, off (float32) otherwise
     # data
     corpus: str | None = None  # None: the Python stdlib sources
@@ -133,8 +136,8 @@ class TrainConfig:
 
 
 # What a run writes and shows, not what it computes: a resumed run may change these.
-RUN_ONLY_FIELDS = ("out_dir", "name", "save_checkpoint", "checkpoint_interval", "progress", "verbose",
-                   "prepare_model", "on_setup", "on_step", "on_loss", "hooks_state")
+RUN_ONLY_FIELDS = ("out_dir", "name", "precision_name", "save_checkpoint", "checkpoint_interval", "progress",
+                   "verbose", "prepare_model", "on_setup", "on_step", "on_loss", "hooks_state")
 
 
 # ---------------------------------------------------------------------------------------
@@ -567,7 +570,8 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: T
         "torch_threads": torch.get_num_threads(),
         "data": {"name": data.name, "tokens": len(data), "train_tokens": data.num_tokens("train"),
                  "val_tokens": data.num_tokens("val"), "vocab_size": data.vocab_size},
-        "precision": jsonable(cfg.precision),
+        "precision": cfg.precision_name or jsonable(cfg.precision),
+        "initial_precision": jsonable(cfg.precision),
         "plan": jsonable(plan),
         "linear_precisions": precs,  # at the start; a planner may change them during training
         "final_linear_precisions": linear_precisions(model),
@@ -597,7 +601,7 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: T
             json.dump(json_safe(summary), f, indent=2)
         from .plots import plot_losses
 
-        title = (f"{name} ({_fmt_params(n_params)}), precision {summary['precision'] if isinstance(cfg.precision, str) else 'custom'}"
+        title = (f"{name} ({_fmt_params(n_params)}), precision {summary['precision'] if isinstance(summary['precision'], str) else 'custom'}"
                  f", seed {cfg.seed}")
         plot_losses(out_dir / "loss.png", hist_step, hist_loss, val_step, val_loss, title=title)
         if cfg.save_checkpoint:

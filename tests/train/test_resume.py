@@ -90,6 +90,12 @@ def uninterrupted(request, tmp_path_factory):
     return request.param, out
 
 
+def test_the_summary_names_the_precision_that_ran(uninterrupted):
+    planner, whole = uninterrupted
+    summary = json.loads((whole / "summary.json").read_text())
+    assert (summary["precision"], summary["initial_precision"]) == (("snip", "bf16") if planner else ("bf16", "bf16"))
+
+
 def test_a_run_killed_between_steps_resumes_bit_for_bit(uninterrupted, tmp_path):
     planner, whole = uninterrupted
     out = tmp_path / "run"
