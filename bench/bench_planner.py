@@ -583,16 +583,27 @@ SNIP_VARIANTS = {"snip": {}, "snip_ld": {"terms": "ld"}, "snip_wd": {"terms": "w
 ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
 # a planned method's name + GEMM_SUFFIX: the same method with one precision per GEMM instead of per layer
 GEMM_SUFFIX = "_gemm"
+# a planned method's name + DRIFT_SUFFIX (before GEMM_SUFFIX): re-plans spaced by the schedule's drift trigger
+# (planner.schedule) instead of every interval: from interval / DRIFT_MIN_FRACTION steps up to the interval
+DRIFT_SUFFIX, DRIFT, DRIFT_MIN_FRACTION = "_drift", 0.05, 5
 # "random<k>" (k >= 1): the random heuristic with the priorities of seed k ("random" is seed 0). One random plan is
 # one draw; several give the distribution SNIP's plan is ranked in (quality_random_ranks), not more rivals.
 RANDOM_DRAW = re.compile(r"random([1-9][0-9]*)")
 
 
+def base_method(method: str) -> str:
+    """A quality-grid method without its granularity and re-plan suffixes ("min_abs_error_drift_gemm" -> "min_abs_error")."""
+    return method.removesuffix(GEMM_SUFFIX).removesuffix(DRIFT_SUFFIX)
+
+
 def planner_config(method: str, budget: float, interval: int) -> PlannerConfig:
-    """The PlannerConfig of a planned method of the quality grid (SNIP_VARIANTS, a heuristic, either + _gemm)."""
-    base = method.removesuffix(GEMM_SUFFIX)
+    """The PlannerConfig of a planned method of the quality grid (SNIP_VARIANTS, a heuristic, either + _drift, + _gemm)."""
+    base = base_method(method)
+    drift = method.removesuffix(GEMM_SUFFIX).endswith(DRIFT_SUFFIX)
     common = dict(budget=Budget.fp4_fraction(budget), interval=interval,
-                  granularity="gemm" if method.endswith(GEMM_SUFFIX) else "layer")
+                  granularity="gemm" if method.endswith(GEMM_SUFFIX) else "layer",
+                  schedule=PrecisionSchedule(drift=DRIFT, min_interval=max(1, interval // DRIFT_MIN_FRACTION))
+                  if drift else None)
     if base in SNIP_VARIANTS:
         return PlannerConfig(**common, **{"wd_horizon": "settled", **SNIP_VARIANTS[base]})
     if base in HEURISTICS:
@@ -600,7 +611,7 @@ def planner_config(method: str, budget: float, interval: int) -> PlannerConfig:
     if draw := RANDOM_DRAW.fullmatch(base):
         return PlannerConfig(**common, method="random", baseline_seed=int(draw.group(1)))
     raise ValueError(f"unknown method {method!r}: bf16, or one of {', '.join(SNIP_VARIANTS)}, {', '.join(HEURISTICS)}, "
-                     f"random<k>, optionally + {GEMM_SUFFIX!r}")
+                     f"random<k>, optionally + {DRIFT_SUFFIX!r}, optionally + {GEMM_SUFFIX!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -697,7 +708,7 @@ def quality_verdicts(table: dict, claim: str = "snip") -> dict:
     for key, cell in table.items():
         if claim not in cell:
             continue
-        rivals = [m for m in cell if m.removesuffix(GEMM_SUFFIX) in HEURISTICS]
+        rivals = [m for m in cell if base_method(m) in HEURISTICS]
         if not rivals:
             continue
         best = min(rivals, key=lambda m: cell[m]["mean_gap"])
@@ -763,7 +774,9 @@ def bench_quality(args) -> None:
           f"once settled, lambda {DEFAULT_LAMBDA:g}); snip_ld / snip_wd: one term alone; snip_lam0.1: lambda 0.1; "
           f"snip_horizon: WD as the excess loss within the {args.interval}-step re-plan interval instead of the settled "
           f"one; *{GEMM_SUFFIX}: one precision per GEMM (forward, dgrad, wgrad) instead of per layer; the planner's "
-          f"defaults are snip_horizon{GEMM_SUFFIX}.", ""]
+          f"defaults are snip_horizon{GEMM_SUFFIX}; *{DRIFT_SUFFIX}: re-plans spaced by the drift trigger (regret "
+          f"threshold {DRIFT:g}, from {max(1, args.interval // DRIFT_MIN_FRACTION)} up to {args.interval} steps apart) "
+          "instead of every interval.", ""]
     trained = sum(r.key in done for r in runs)
     if trained < len(runs):
         md += [f"**Partial:** {trained} of the grid's {len(runs)} runs are trained; only complete cells are shown.", ""]

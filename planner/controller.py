@@ -28,7 +28,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
+import functools
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -41,14 +43,15 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from snip_ops import SnipLinear, convert
+from snip_ops.formats import GEMMS
 from snip_ops.module import DEFAULT_EXCLUDE
 from snip_ops.reference import divide_by
 
-from .baselines import BASELINES, baseline
+from .baselines import BASELINES, baseline, baseline_objective
 from .cost import Budget
 from .divergence import DivergenceConfig, LogitsFn, lm_logits, measure
 from .fsdp import OptimizerView, unsharded_for_planning
-from .ilp import DEFAULT_LAMBDA, OBJECTIVE_TERMS, solve, validate_candidates
+from .ilp import DEFAULT_LAMBDA, OBJECTIVE_TERMS, gemm_objective, solve, validate_candidates
 from .plan import Plan
 from .schedule import PrecisionSchedule, ScheduleState
 from .stats import LossFn, PlannerStats, StatsConfig, batch_rows, first_rows
@@ -89,6 +92,9 @@ class PlannerConfig:
         if not steps and self.wd_horizon not in ("interval", "settled"):
             raise ValueError(f"wd_horizon must be 'interval', 'settled' or a number of steps >= 1, "
                              f"got {self.wd_horizon!r}")
+        if self.schedule is not None and self.schedule.drift is not None and self.schedule.min_interval > self.interval:
+            raise ValueError(f"the schedule's min_interval ({self.schedule.min_interval}) exceeds interval "
+                             f"({self.interval})")
         if self.divergence.wd_horizon is not None:
             raise ValueError("set the horizon as PlannerConfig.wd_horizon, not DivergenceConfig.wd_horizon")
         if self.divergence.wd_units != "loss" and self.wd_horizon != "settled":
@@ -148,8 +154,17 @@ class SnipPlanner:
 
     # -- the training-loop interface -------------------------------------------------------
     def due(self, step: int) -> bool:
-        """No plan yet, or `interval` steps (a multiple) after the first plan's step."""
-        return self.plan is None or self.start_step is None or (step - self.start_step) % self.config.interval == 0
+        """No plan yet, or `interval` steps (a multiple) after the first plan's step; with the schedule's
+        drift, the step it set after the last re-plan (planner.schedule)."""
+        if self.plan is None or self.start_step is None:
+            return True
+        if self._drift is not None and self.schedule_state.next_step is not None:
+            return step >= self.schedule_state.next_step
+        return (step - self.start_step) % self.config.interval == 0
+
+    @property
+    def _drift(self) -> float | None:
+        return self.config.schedule.drift if self.config.schedule is not None else None
 
     def step(self, step: int, batch, loss_fn: LossFn | None = None) -> Plan | None:
         """Call once per optimizer step, before it (after the loop set this step's learning rate): re-plans
@@ -189,14 +204,17 @@ class SnipPlanner:
         t0 = time.perf_counter()
         stats = self.measure(batch, step, loss_fn)
         t1 = time.perf_counter()
-        plan, noisy = self._solve_everywhere(stats)
+        plan, noisy, regret = self._solve_everywhere(stats)
         self.schedule_state.noisy = self.schedule_state.noisy or noisy
         if self.start_step is None and step is not None:
             self.start_step = step
+        if self._drift is not None and step is not None:
+            self.schedule_state.space_replans(self.config.schedule, self.config.interval, step, regret)
         self.install(plan)
         t2 = time.perf_counter()
+        drift = {} if regret is None else {"regret": regret, "next_step": self.schedule_state.next_step}
         self.history.append({"step": step, "why": list(reasons or ["requested"]), "measure_s": t1 - t0,
-                             "solve_s": t2 - t1, "budget": plan.budget, **dict(plan.metrics)})
+                             "solve_s": t2 - t1, "budget": plan.budget, **dict(plan.metrics), **drift})
         self.log(f"planner: step {step}: {plan.method} plan, FP4 FLOPs {100 * plan.metrics['fp4_fraction']:.1f}%, "
                  f"cost {plan.metrics['relative_cost']:.3f} x bf16, measured in {t1 - t0:.1f}s, "
                  f"solved in {t2 - t1:.2f}s")
@@ -245,32 +263,57 @@ class SnipPlanner:
         return baseline(c.method, stats, budget, high, low, lam=c.lam, granularity=c.granularity,
                         tokens=c.tokens_per_step, seed=c.baseline_seed)
 
-    def _solve_with_schedule(self, stats: PlannerStats) -> tuple[Plan, bool]:
-        """The plan, and whether the noise-ratio trigger fired on it (then it is made at the raised budget)."""
-        plan = self.solve(stats)
-        sched = self.config.schedule
-        if sched is None or sched.noise_ratio is None or self.schedule_state.noisy:
-            return plan, False
-        quantization = plan.metrics.get("wd", 0.0) * stats.loss  # sum of WD (loss units) of the plan's GEMMs
-        noise = stats.diagnostics.get("gradient_noise_loss")
-        if noise is None or stats.wd_units != "loss" or not quantization > 0 or noise / quantization >= sched.noise_ratio:
-            return plan, False
-        return self.solve(stats, sched.raised_budget), True
+    def objective(self, plan: Plan, stats: PlannerStats) -> float:
+        """The configured method's own objective of `plan` under `stats`: what its ILP minimises (SNIP's
+        LD/L + lambda WD/L, a heuristic's score; 0 for a uniform plan, which has no choice to regret)."""
+        c = self.config
+        if c.method.startswith("uniform_"):
+            return 0.0
+        if c.method == "snip":
+            term = functools.partial(gemm_objective, loss=stats.loss, lam=c.lam, wd_units=stats.wd_units,
+                                     terms=c.terms)
+        else:
+            term = baseline_objective(c.method, stats, c.candidates[-1], seed=c.baseline_seed,
+                                      granularity=c.granularity)
+        chosen = plan.assignment()
+        return math.fsum(term(s, g, chosen[(s.name, g)]) for s in stats.layers for g in GEMMS)
 
-    def _solve_everywhere(self, stats: PlannerStats) -> tuple[Plan, bool]:
+    def regret(self, old: Plan, new: Plan, stats: PlannerStats) -> float:
+        """How much worse the previous plan is than the new one under the new statistics: F(old) / F(new) - 1
+        (F: `objective`), 0 when neither costs anything, inf when only the old one does."""
+        f_old, f_new = self.objective(old, stats), self.objective(new, stats)
+        if not f_new > 0:
+            return 0.0 if not f_old > f_new else math.inf
+        return max(0.0, f_old / f_new - 1.0)
+
+    def _solve_with_schedule(self, stats: PlannerStats) -> tuple[Plan, bool, float | None]:
+        """The plan; whether the noise-ratio trigger fired on it (then it is made at the raised budget); with
+        the schedule's drift, the previous plan's regret under `stats` (None at the first plan)."""
+        plan, noisy = self.solve(stats), False
+        sched = self.config.schedule
+        if sched is not None and sched.noise_ratio is not None and not self.schedule_state.noisy:
+            quantization = plan.metrics.get("wd", 0.0) * stats.loss  # sum of WD (loss units) of the plan's GEMMs
+            noise = stats.diagnostics.get("gradient_noise_loss")
+            if (noise is not None and stats.wd_units == "loss" and quantization > 0
+                    and noise / quantization < sched.noise_ratio):
+                plan, noisy = self.solve(stats, sched.raised_budget), True
+        regret = None if self._drift is None or self.plan is None else self.regret(self.plan, plan, stats)
+        return plan, noisy, regret
+
+    def _solve_everywhere(self, stats: PlannerStats) -> tuple[Plan, bool, float | None]:
         if not _distributed():
             return self._solve_with_schedule(stats)
         box: list = [None]
         if dist.get_rank() == 0:
             try:
-                plan, noisy = self._solve_with_schedule(stats)
-                box[0] = {"plan": plan.to_json(), "noisy": noisy}
+                plan, noisy, regret = self._solve_with_schedule(stats)
+                box[0] = {"plan": plan.to_json(), "noisy": noisy, "regret": regret}
             except Exception as e:  # every rank must leave the broadcast, so errors travel too
                 box[0] = {"error": f"{type(e).__name__}: {e}"}
         dist.broadcast_object_list(box, src=0)
         if "error" in box[0]:
             raise RuntimeError(f"planning failed on rank 0: {box[0]['error']}")
-        return Plan.from_json(box[0]["plan"]), box[0]["noisy"]
+        return Plan.from_json(box[0]["plan"]), box[0]["noisy"], box[0]["regret"]
 
     def install(self, plan: Plan) -> None:
         plan.apply(self.model)

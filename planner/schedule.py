@@ -22,6 +22,17 @@ Triggers (each optional):
   after it are made at `raised_budget`. Estimating the minibatch noise costs one extra half-batch
   backward per re-plan (stats.gradient_variance, shared with WD's horizon when it has no logits); a batch
   can be halved when its tensors share a leading size (stats.batch_rows).
+* `drift`: re-plan sooner while the plans go stale. A plan is made from the statistics of one step and
+  lives until the next re-plan; early in training the layers' divergences move by several times within
+  a few dozen steps, and not together (on the tiny preset the deep blocks' loss divergence grows 4-6x
+  in the 50 steps after step 100, the first block's 2x), so a plan made at the start of an interval is
+  stale by its end. With `drift` the spacing of re-plans adapts: at every re-plan the previous plan's
+  objective under the new statistics is compared with the new plan's (the regret, F(old) / F(new) - 1,
+  F the configured method's own objective: SNIP's LD/L + lambda WD/L, a heuristic's score); above
+  `drift` the next re-plan comes after half the current spacing (at least `min_interval` steps), else
+  after twice it (at most the planner's `interval`). The first plan is followed by one `min_interval`
+  steps later, so the spacing starts short and grows while the plans hold. WD's horizon stays the
+  planner's `interval`: a GEMM kept in FP4 across re-plans keeps its noise.
 
 `ScheduleState` holds the run's side of it (peak learning rate, loss average, which triggers fired) and
 is part of the planner's checkpoint.
@@ -45,14 +56,18 @@ class PrecisionSchedule:
     noise_ratio: float | None = None     # raise precision once gradient noise / quantization noise < this
     raised_budget: Budget | None = None  # the budget after decay started or the noise ratio fell
     loss_ema: float = 0.9                # weight of the past in the loss average
+    drift: float | None = None           # re-plan sooner while the last plan's regret exceeds this
+    min_interval: int = 10               # with drift: the shortest spacing of re-plans, in steps
 
     def __post_init__(self):
-        for name in ("loss_spike", "lr_decay", "noise_ratio"):
+        for name in ("loss_spike", "lr_decay", "noise_ratio", "drift"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
         if self.lr_decay is not None and not self.lr_decay < 1:
             raise ValueError(f"lr_decay must be < 1, got {self.lr_decay}")
+        if self.min_interval < 1:
+            raise ValueError(f"min_interval must be >= 1, got {self.min_interval}")
         if not 0 < self.loss_ema < 1:
             raise ValueError(f"loss_ema must be in (0, 1), got {self.loss_ema}")
         if (self.lr_decay is not None or self.noise_ratio is not None) and self.raised_budget is None:
@@ -68,6 +83,8 @@ class ScheduleState:
     spike_pending: bool = False
     decayed: bool = False
     noisy: bool = False
+    spacing: int | None = None    # with drift: the steps from the last re-plan to the next
+    next_step: int | None = None  # with drift: the step of the next re-plan
 
     def observe_loss(self, schedule: PrecisionSchedule, loss: float) -> bool:
         """Record a training loss; True when it is a spike (the next step re-plans)."""
@@ -87,6 +104,17 @@ class ScheduleState:
             return False
         self.decayed = True
         return True
+
+    def space_replans(self, schedule: PrecisionSchedule, interval: int, step: int, regret: float | None) -> None:
+        """With drift: after the re-plan at `step` (whose previous plan had `regret` under the new
+        statistics; None for the first plan), set when the next one comes."""
+        if regret is None or self.spacing is None:
+            spacing = schedule.min_interval
+        elif regret > schedule.drift:
+            spacing = max(schedule.min_interval, self.spacing // 2)
+        else:
+            spacing = min(interval, 2 * self.spacing)
+        self.spacing, self.next_step = spacing, step + spacing
 
     def budget(self, schedule: PrecisionSchedule | None, base: Budget) -> Budget:
         raised = schedule is not None and schedule.raised_budget is not None and (self.decayed or self.noisy)

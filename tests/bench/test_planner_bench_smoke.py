@@ -19,11 +19,12 @@ def _bench(tmp_path: Path, *args: str) -> None:
 def test_quality_grid(tmp_path):
     _bench(tmp_path, "quality", "--phases", "2", "--budgets", "0.5,0.75", "--seeds", "0,1", "--steps", "2",
            "--interval", "1", "--methods", "bf16,snip,snip_ld,layer_type,uniform_fp4,snip_horizon_gemm,layer_type_gemm,"
-           "random_gemm,random1_gemm", "--claim", "snip_horizon_gemm", "--workers", "2", "--eval-batches", "2")
+           "random_gemm,random1_gemm,snip_horizon_drift_gemm,layer_type_drift_gemm", "--claim", "snip_horizon_gemm",
+           "--workers", "2", "--eval-batches", "2")
     out = json.loads((tmp_path / "cpu-planner-quality.json").read_text())
     cell = out["table"]["2/0.75"]
     assert set(cell) == {"bf16", "snip", "snip_ld", "layer_type", "uniform_fp4", "snip_horizon_gemm", "layer_type_gemm",
-                         "random_gemm", "random1_gemm"}
+                         "random_gemm", "random1_gemm", "snip_horizon_drift_gemm", "layer_type_drift_gemm"}
     rank = out["random_ranks"]["2/0.75"]
     assert rank["draws"] == ["random1_gemm", "random_gemm"] and 0 <= rank["below_draws"] <= 2
     assert "random1_gemm" not in (v["best_heuristic"] for v in out["verdicts"].values())  # a draw, not a rival
@@ -31,12 +32,15 @@ def test_quality_grid(tmp_path):
     assert cell["bf16"]["gap_per_seed"] == [0.0, 0.0] and cell["uniform_fp4"]["fp4_fraction"] == 1.0
     assert all(abs(cell[m]["fp4_fraction"] - 0.75) < 0.05 for m in ("snip", "layer_type", "snip_horizon_gemm"))
     assert set(out["verdicts"]) == {"2/0.5", "2/0.75"} and (tmp_path / "cpu-planner-quality.png").exists()
-    assert out["verdicts"]["2/0.75"]["best_heuristic"] in ("layer_type", "layer_type_gemm", "uniform_fp4", "random_gemm")
+    assert out["verdicts"]["2/0.75"]["best_heuristic"] in ("layer_type", "layer_type_gemm", "uniform_fp4", "random_gemm",
+                                                           "layer_type_drift_gemm")
     per_gemm = next(r for k, r in out["runs"].items() if "/0.75/layer_type_gemm/" in k)
     assert any(isinstance(p, dict) for p in per_gemm["plans"][0]["precisions"].values())  # fprop / dgrad / wgrad apart
     snip = next(r for k, r in out["runs"].items() if "/0.75/snip/" in k and k.endswith("/e2"))
     assert len(snip["plans"]) == 2 and all(len(p["precisions"]) == 28 for p in snip["plans"])  # 4 blocks x 7 linears
     assert len(snip["val"]["step"]) == 3  # at the start, at the re-plan and at the end
+    drift = next(r for k, r in out["runs"].items() if "/0.75/snip_horizon_drift_gemm/" in k)
+    assert "regret" not in drift["plans"][0] and all(p["regret"] >= 0 for p in drift["plans"][1:])
 
 
 def test_validity(tmp_path):

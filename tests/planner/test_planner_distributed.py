@@ -1,4 +1,5 @@
-"""Two gloo processes measure on different batches and end up with the same plan and statistics."""
+"""Two gloo processes measure on different batches and end up with the same plan and statistics (and, with
+the schedule's drift trigger, the same regret and next re-plan step)."""
 
 import json
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from causal_lm import CausalLM
-from planner import DivergenceConfig, PlannerConfig, SnipPlanner, StatsConfig
+from planner import DivergenceConfig, PlannerConfig, PrecisionSchedule, SnipPlanner, StatsConfig
 from planner.divergence import lm_logits, measure
 
 from gloo import run_on_ranks
@@ -16,19 +17,26 @@ def _measure_and_plan(rank: int) -> dict:
     torch.manual_seed(0)  # the same initial model on every rank
     model = CausalLM.build(dim=128, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=16)
     opt = torch.optim.AdamW(model.parameters())
-    cfg = PlannerConfig(stats=StatsConfig(max_rows=32), divergence=DivergenceConfig(draws=1))
+    cfg = PlannerConfig(stats=StatsConfig(max_rows=32), divergence=DivergenceConfig(draws=1), interval=4,
+                        schedule=PrecisionSchedule(drift=1e-9, min_interval=1))
     planner = SnipPlanner(model, opt, cfg)
     batch = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(100 + rank))  # per-rank data
     local = measure(planner.model, planner.layers, opt, batch, planner.loss_fn, cfg.candidates, cfg.stats,
                     cfg.divergence_config, logits_fn=lm_logits)  # the planner's default for a causal LM
     plan = planner.step(0, batch)
-    return json.loads(json.dumps({"plan": plan.to_json(), "local": local.to_json()}))
+    again = planner.step(1, torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(200 + rank)))
+    return json.loads(json.dumps({"plan": plan.to_json(), "local": local.to_json(), "again": again is not None,
+                                  "history": [{k: h[k] for k in ("step", "regret", "next_step") if k in h}
+                                              for h in planner.history],
+                                  "schedule": planner.schedule_state.to_json()}))
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 def test_two_gloo_ranks_get_identical_plans():
     r0, r1 = run_on_ranks(_measure_and_plan)
     assert r0["plan"] == r1["plan"]
+    assert r0["again"] and r0["history"] == r1["history"] and r0["schedule"] == r1["schedule"]
+    assert r0["history"][1]["step"] == 1 and r0["history"][1]["regret"] >= 0
     assert r0["local"] != r1["local"]  # different batches measured differently ...
     reduced = r0["plan"]["stats"]["layers"]
     for k, layer in enumerate(reduced):  # ... and the plan was made from their mean, exactly: a float64
