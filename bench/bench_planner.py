@@ -703,7 +703,8 @@ def quality_table(runs: list[QualityRun], done: dict, budgets, phases, seeds) ->
 
 def quality_verdicts(table: dict, claim: str = "snip") -> dict:
     """Per cell: is the `claim` method's mean gap below every heuristic's (per layer or per GEMM), its margin to
-    the best one, and on how many seeds it is below every heuristic."""
+    the best one (with the standard error of the per-seed paired differences), and on how many seeds it is
+    below every heuristic."""
     out = {}
     for key, cell in table.items():
         if claim not in cell:
@@ -713,9 +714,11 @@ def quality_verdicts(table: dict, claim: str = "snip") -> dict:
             continue
         best = min(rivals, key=lambda m: cell[m]["mean_gap"])
         mine = cell[claim]
+        paired = [b - g for b, g in zip(cell[best]["gap_per_seed"], mine["gap_per_seed"])]
         out[key] = {"claim": claim, "below_every_heuristic": all(mine["mean_gap"] < cell[m]["mean_gap"] for m in rivals),
                     "best_heuristic": best,
                     "margin_to_best_heuristic": cell[best]["mean_gap"] - mine["mean_gap"],
+                    "margin_standard_error": statistics.stdev(paired) / math.sqrt(len(paired)) if len(paired) > 1 else 0.0,
                     "seeds_below_every_heuristic": sum(all(mine["gap_per_seed"][i] < cell[m]["gap_per_seed"][i]
                                                            for m in rivals) for i in range(len(mine["gap_per_seed"])))}
     return out
@@ -790,7 +793,8 @@ def bench_quality(args) -> None:
         v = verdicts.get(key)
         if v:
             md += ["", f"{args.claim} below every heuristic: {'yes' if v['below_every_heuristic'] else 'NO'}; margin to the "
-                   f"best heuristic ({v['best_heuristic']}): {v['margin_to_best_heuristic']:+.4f}; below every heuristic "
+                   f"best heuristic ({v['best_heuristic']}): {v['margin_to_best_heuristic']:+.4f} +- "
+                   f"{v['margin_standard_error']:.4f} (paired per seed, standard error); below every heuristic "
                    f"on {v['seeds_below_every_heuristic']} of {len(args.seeds)} seeds.", ""]
         r = ranks.get(key)
         if r:
