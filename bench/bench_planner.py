@@ -4,6 +4,7 @@
     python bench/bench_planner.py cost --ilp-only   # the ILP part alone (seconds)
     python bench/bench_planner.py validity    # per-layer scores vs the true effect of FP4 on one layer
     python bench/bench_planner.py horizon     # WD's horizon without logits (gradient variance) vs with (Gauss-Newton)
+    python bench/bench_planner.py staleness   # how stale a plan goes within a re-plan interval (the drift trigger)
     python bench/bench_planner.py quality     # SNIP vs the heuristics vs bf16: presets x phases x budgets x seeds
     python bench/bench_planner.py schedule    # a precision schedule vs a constant budget at the same mean FP4 share
     python bench/bench_planner.py swap --raise A,B --lower C,D   # SNIP's plan with layers moved: predicted vs trained
@@ -42,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from planner import (Budget, DivergenceConfig, Plan, PlannerConfig, PrecisionSchedule, StatsConfig,  # noqa: E402
                      measure, solve)
+from planner.baselines import block_index  # noqa: E402
 from planner.divergence import lm_logits  # noqa: E402
 from planner.cost import LayerShape, layer_shapes, plan_metrics  # noqa: E402
 from planner.ilp import DEFAULT_LAMBDA, plan_objective  # noqa: E402
@@ -153,13 +155,13 @@ def calibration_batch(seed: int = 7) -> torch.Tensor:
 
 
 def stats_at(ckpt: dict, draws: int, candidates=("fp8", "fp4"), method: str = "auto",
-             wd_units: str = "loss", wd_horizon: int | None = None) -> PlannerStats:
+             wd_units: str = "loss", wd_horizon: int | None = None, calibration_seed: int = 7) -> PlannerStats:
     """The planner's statistics at the checkpoint, as SnipPlanner measures them (the Fisher curvature from
     the logits unless `method` says otherwise)."""
     model, opt, layers = model_at(ckpt)
     config = DivergenceConfig(draws=draws, method=method, wd_units=wd_units, wd_horizon=wd_horizon)
-    return measure(model, layers, opt, calibration_batch(), lambda m, b: m.loss(b), candidates, StatsConfig(), config,
-                   logits_fn=lm_logits)
+    return measure(model, layers, opt, calibration_batch(calibration_seed), lambda m, b: m.loss(b), candidates,
+                   StatsConfig(), config, logits_fn=lm_logits)
 
 
 def plan_dict(plan) -> dict:
@@ -568,6 +570,42 @@ def bench_horizon(args) -> None:
            f"{r['spearman_s_dgrad']:.3f} | {r['median_ratio_s_dgrad']:.2f} | " +
            " | ".join(f"{r[f'same_gemms_at_{b}']:.1%}" for b in args.budgets) + " |" for r in rows]
     write("horizon", {"interval": args.interval, "budgets": args.budgets, "rows": rows}, "\n".join(md))
+
+
+def bench_staleness(args) -> None:
+    """How stale a plan goes within a re-plan interval: the plan made at a checkpoint (the planner's defaults,
+    per GEMM, WD over `interval` steps) against the statistics `offset` steps later on the same bf16
+    trajectory, as the regret of the drift trigger (planner.schedule): F(old) / F(new) - 1 under the later
+    statistics. Offset 0 measures on another calibration batch at the same step: the estimator's own
+    floor. Also each transformer block's share of the total LD and its growth."""
+    rows = []
+    for phase in args.phases:
+        base = stats_at(checkpoint(phase), DivergenceConfig().draws, wd_horizon=args.interval)
+        for offset in args.offsets:
+            later = stats_at(checkpoint(phase + offset), DivergenceConfig().draws, wd_horizon=args.interval,
+                             calibration_seed=8)
+            row = {"phase": phase, "offset": offset, "loss": later.loss}
+            for budget in args.budgets:
+                old, new = (solve(s, Budget.fp4_fraction(budget), ("fp8", "fp4"), granularity="gemm")
+                            for s in (base, later))
+                f_old, f_new = (plan_objective(p.assignment(), later, DEFAULT_LAMBDA)["objective"] for p in (old, new))
+                row[f"regret_at_{budget}"] = f_old / f_new - 1
+            ld = {}
+            for stats, key in ((base, "then"), (later, "now")):
+                for layer in stats.layers:
+                    ld.setdefault(block_index(layer.name), {}).setdefault(key, 0.0)
+                    ld[block_index(layer.name)][key] += layer.ld("fp4") / stats.loss
+            row["ld_growth_per_block"] = {b: v["now"] / v["then"] for b, v in ld.items()}
+            rows.append(row)
+    md = [f"Tiny preset, one bf16 trajectory (constant lr); the plan per GEMM at each phase (calibration batch 7, WD "
+          f"over {args.interval} steps) judged under the statistics `offset` steps later (calibration batch 8). Regret: "
+          "F(old) / F(new) - 1, F = LD/L + lambda WD/L. LD growth: each block's LD/L (FP4) later over then.", "",
+          "| phase | offset | " + " | ".join(f"regret at {b:.0%}" for b in args.budgets) + " | LD growth per block |",
+          "|---|---|" + "---|" * len(args.budgets) + "---|"]
+    md += [f"| {r['phase']} | {r['offset']} | " + " | ".join(f"{r[f'regret_at_{b}']:.3f}" for b in args.budgets) + " | "
+           + ", ".join(f"{b}: {g:.2f}x" for b, g in sorted(r["ld_growth_per_block"].items())) + " |" for r in rows]
+    write("staleness", {"interval": args.interval, "budgets": args.budgets, "offsets": args.offsets, "rows": rows},
+          "\n".join(md))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1022,7 +1060,7 @@ def bench_demo(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("cost", "validity", "horizon", "quality", "schedule", "swap", "demo"))
+    p.add_argument("what", choices=("cost", "validity", "horizon", "staleness", "quality", "schedule", "swap", "demo"))
     p.add_argument("--steps", type=int, default=None, help="training steps per run")
     p.add_argument("--seeds", type=lambda s: [int(v) for v in s.split(",")], default=None)
     p.add_argument("--interval", type=int, default=None, help="SNIP re-plan interval")
@@ -1056,6 +1094,8 @@ def main() -> None:
                    help="cost: the presets whose measurement is timed (default: tiny,mini)")
     p.add_argument("--reps", type=int, default=None,
                    help="cost: interleaved repeats per preset (default: 5 for tiny, 3 otherwise)")
+    p.add_argument("--offsets", type=lambda s: [int(v) for v in s.split(",")], default=[0, 10, 50],
+                   help="staleness: steps after each phase at which its plan is judged (default: 0,10,50)")
     p.add_argument("--ilp-only", action="store_true",
                    help="cost: re-time the ILP only, keeping the measurement section of the last full run")
     p.add_argument("--threads", type=int, default=1,
@@ -1066,7 +1106,8 @@ def main() -> None:
         global RESULTS
         RESULTS = args.results
     torch.set_num_threads(args.threads)
-    defaults = {"validity": (30, [0, 1], None), "horizon": (0, [0], 50), "quality": (100, [0, 1, 2], 50),
+    defaults = {"validity": (30, [0, 1], None), "horizon": (0, [0], 50), "staleness": (0, [0], 50),
+                "quality": (100, [0, 1, 2], 50),
                 "schedule": (200, [0, 1, 2], 25),
                 "swap": (100, [0, 1, 2, 3], 0),
                 "demo": (300, [0], 100), "cost": (0, [0], 0)}
@@ -1079,7 +1120,8 @@ def main() -> None:
     args.budgets = args.budgets or ([0.85, 0.62, 0.75] if schedule else [0.8] if args.what == "swap" else [0.5, 0.75, 0.8])
     if schedule and len(args.budgets) != 3:
         p.error("schedule takes --budgets BEFORE_DECAY,AFTER_DECAY,CONSTANT")
-    {"cost": bench_cost, "validity": bench_validity, "horizon": bench_horizon, "quality": bench_quality,
+    {"cost": bench_cost, "validity": bench_validity, "horizon": bench_horizon, "staleness": bench_staleness,
+     "quality": bench_quality,
      "schedule": bench_schedule, "swap": bench_swap, "demo": bench_demo}[args.what](args)
 
 

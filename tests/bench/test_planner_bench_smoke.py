@@ -60,6 +60,13 @@ def test_horizon(tmp_path):
     assert all(0 <= row[f"same_gemms_at_{b}"] <= 1 for b in (0.5, 0.8))
 
 
+def test_staleness(tmp_path):
+    _bench(tmp_path, "staleness", "--phases", "2", "--offsets", "0,1", "--budgets", "0.5", "--interval", "2")
+    out = json.loads((tmp_path / "cpu-planner-staleness.json").read_text())
+    assert [(r["phase"], r["offset"]) for r in out["rows"]] == [(2, 0), (2, 1)]
+    assert all(r["regret_at_0.5"] >= -1e-9 and set(r["ld_growth_per_block"]) == {"0", "1", "2", "3"} for r in out["rows"])
+
+
 def test_schedule(tmp_path):
     _bench(tmp_path, "schedule", "--phases", "2", "--steps", "6", "--interval", "2", "--seeds", "0,1",
            "--budgets", "0.9,0.5,0.7")
