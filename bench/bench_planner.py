@@ -20,6 +20,7 @@ Trained runs are cached under $SNIP_BENCH_CACHE, so an interrupted grid resumes.
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import dataclasses
 import functools
@@ -578,24 +579,26 @@ def bench_staleness(args) -> None:
     trajectory, as the regret of the drift trigger (planner.schedule): F(old) / F(new) - 1 under the later
     statistics. Offset 0 measures on another calibration batch at the same step: the estimator's own
     floor. Also each transformer block's share of the total LD and its growth."""
+    def block_ld(stats: PlannerStats) -> dict[int, float]:  # each block's LD/L in FP4
+        out = collections.defaultdict(float)
+        for layer in stats.layers:
+            out[block_index(layer.name)] += layer.ld("fp4") / stats.loss
+        return out
+
     rows = []
     for phase in args.phases:
         base = stats_at(checkpoint(phase), DivergenceConfig().draws, wd_horizon=args.interval)
+        made = {b: solve(base, Budget.fp4_fraction(b), ("fp8", "fp4"), granularity="gemm") for b in args.budgets}
+        then = block_ld(base)
         for offset in args.offsets:
             later = stats_at(checkpoint(phase + offset), DivergenceConfig().draws, wd_horizon=args.interval,
                              calibration_seed=8)
             row = {"phase": phase, "offset": offset, "loss": later.loss}
-            for budget in args.budgets:
-                old, new = (solve(s, Budget.fp4_fraction(budget), ("fp8", "fp4"), granularity="gemm")
-                            for s in (base, later))
+            for budget, old in made.items():
+                new = solve(later, Budget.fp4_fraction(budget), ("fp8", "fp4"), granularity="gemm")
                 f_old, f_new = (plan_objective(p.assignment(), later, DEFAULT_LAMBDA)["objective"] for p in (old, new))
                 row[f"regret_at_{budget}"] = f_old / f_new - 1
-            ld = {}
-            for stats, key in ((base, "then"), (later, "now")):
-                for layer in stats.layers:
-                    ld.setdefault(block_index(layer.name), {}).setdefault(key, 0.0)
-                    ld[block_index(layer.name)][key] += layer.ld("fp4") / stats.loss
-            row["ld_growth_per_block"] = {b: v["now"] / v["then"] for b, v in ld.items()}
+            row["ld_growth_per_block"] = {b: v / then[b] for b, v in block_ld(later).items()}
             rows.append(row)
     md = [f"Tiny preset, one bf16 trajectory (constant lr); the plan per GEMM at each phase (calibration batch 7, WD "
           f"over {args.interval} steps) judged under the statistics `offset` steps later (calibration batch 8). Regret: "
@@ -629,6 +632,10 @@ DRIFT_SUFFIX, DRIFT, DRIFT_MIN_FRACTION = "_drift", 0.05, 5
 RANDOM_DRAW = re.compile(r"random([1-9][0-9]*)")
 
 
+def drift_schedule(interval: int) -> PrecisionSchedule:
+    return PrecisionSchedule(drift=DRIFT, min_interval=max(1, interval // DRIFT_MIN_FRACTION))
+
+
 def base_method(method: str) -> str:
     """A quality-grid method without its granularity and re-plan suffixes ("min_abs_error_drift_gemm" -> "min_abs_error")."""
     return method.removesuffix(GEMM_SUFFIX).removesuffix(DRIFT_SUFFIX)
@@ -640,8 +647,7 @@ def planner_config(method: str, budget: float, interval: int) -> PlannerConfig:
     drift = method.removesuffix(GEMM_SUFFIX).endswith(DRIFT_SUFFIX)
     common = dict(budget=Budget.fp4_fraction(budget), interval=interval,
                   granularity="gemm" if method.endswith(GEMM_SUFFIX) else "layer",
-                  schedule=PrecisionSchedule(drift=DRIFT, min_interval=max(1, interval // DRIFT_MIN_FRACTION))
-                  if drift else None)
+                  schedule=drift_schedule(interval) if drift else None)
     if base in SNIP_VARIANTS:
         return PlannerConfig(**common, **{"wd_horizon": "settled", **SNIP_VARIANTS[base]})
     if base in HEURISTICS:
@@ -816,7 +822,7 @@ def bench_quality(args) -> None:
           f"snip_horizon: WD as the excess loss within the {args.interval}-step re-plan interval instead of the settled "
           f"one; *{GEMM_SUFFIX}: one precision per GEMM (forward, dgrad, wgrad) instead of per layer; the planner's "
           f"defaults are snip_horizon{GEMM_SUFFIX}; *{DRIFT_SUFFIX}: re-plans spaced by the drift trigger (regret "
-          f"threshold {DRIFT:g}, from {max(1, args.interval // DRIFT_MIN_FRACTION)} up to {args.interval} steps apart) "
+          f"threshold {DRIFT:g}, from {drift_schedule(args.interval).min_interval} up to {args.interval} steps apart) "
           "instead of every interval.", ""]
     trained = sum(r.key in done for r in runs)
     if trained < len(runs):

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
-import functools
 import json
 import math
 import os
@@ -43,7 +42,6 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from snip_ops import SnipLinear, convert
-from snip_ops.formats import GEMMS
 from snip_ops.module import DEFAULT_EXCLUDE
 from snip_ops.reference import divide_by
 
@@ -51,7 +49,7 @@ from .baselines import BASELINES, baseline, baseline_objective
 from .cost import Budget
 from .divergence import DivergenceConfig, LogitsFn, lm_logits, measure
 from .fsdp import OptimizerView, unsharded_for_planning
-from .ilp import DEFAULT_LAMBDA, OBJECTIVE_TERMS, gemm_objective, solve, validate_candidates
+from .ilp import DEFAULT_LAMBDA, OBJECTIVE_TERMS, assignment_objective, snip_objective, solve, validate_candidates
 from .plan import Plan
 from .schedule import PrecisionSchedule, ScheduleState
 from .stats import LossFn, PlannerStats, StatsConfig, batch_rows, first_rows
@@ -269,14 +267,9 @@ class SnipPlanner:
         c = self.config
         if c.method.startswith("uniform_"):
             return 0.0
-        if c.method == "snip":
-            term = functools.partial(gemm_objective, loss=stats.loss, lam=c.lam, wd_units=stats.wd_units,
-                                     terms=c.terms)
-        else:
-            term = baseline_objective(c.method, stats, c.candidates[-1], seed=c.baseline_seed,
-                                      granularity=c.granularity)
-        chosen = plan.assignment()
-        return math.fsum(term(s, g, chosen[(s.name, g)]) for s in stats.layers for g in GEMMS)
+        term = (snip_objective(stats, c.lam, c.terms) if c.method == "snip" else
+                baseline_objective(c.method, stats, c.candidates[-1], seed=c.baseline_seed, granularity=c.granularity))
+        return assignment_objective(plan.assignment(), stats, term)
 
     def regret(self, old: Plan, new: Plan, stats: PlannerStats) -> float:
         """How much worse the previous plan is than the new one under the new statistics: F(old) / F(new) - 1

@@ -48,7 +48,8 @@ from .exact import NODE_LIMIT, Certificate, Knapsack, fill, relax, search
 from .plan import Plan
 from .stats import LayerStats, PlannerStats
 
-__all__ = ["DEFAULT_LAMBDA", "OBJECTIVE_TERMS", "InfeasibleBudget", "Objective", "solve", "make_plan", "gemm_objective", "plan_objective",
+__all__ = ["DEFAULT_LAMBDA", "OBJECTIVE_TERMS", "InfeasibleBudget", "Objective", "solve", "make_plan", "gemm_objective", "snip_objective",
+           "assignment_objective", "plan_objective",
            "validate_candidates", "stage_groups"]
 
 
@@ -109,6 +110,16 @@ def gemm_objective(s: LayerStats, gemm: str, precision: str, loss: float, lam: f
     if "wd" not in terms.split("+"):
         return 0.0
     return lam * s.wd(precision, gemm) / (loss if wd_units == "loss" else 1.0)
+
+
+def snip_objective(stats: PlannerStats, lam: float, terms: str = "ld+wd") -> Objective:
+    """SNIP's per-GEMM objective term under `stats` (gemm_objective with its loss and WD units bound)."""
+    return partial(gemm_objective, loss=stats.loss, lam=lam, wd_units=stats.wd_units, terms=terms)
+
+
+def assignment_objective(assignment: Mapping[tuple[str, str], str], stats: PlannerStats, term: Objective) -> float:
+    """The total of `term` over a plan {(layer, gemm): precision}: what the ILP minimises for that plan."""
+    return math.fsum(term(s, g, assignment[(s.name, g)]) for s in stats.layers for g in GEMMS)
 
 
 def plan_objective(assignment: Mapping[tuple[str, str], str], stats: PlannerStats, lam: float) -> dict[str, float]:
@@ -339,7 +350,7 @@ def solve(stats: PlannerStats, budget: Budget, candidates: Sequence[str] = ("fp8
     names = [s.name for s in stats.layers]
     shapes = layer_shapes(stats.layers, tokens)
     pins = _pins(names, pinned, set(candidates) | {"bf16"})
-    term = objective or partial(gemm_objective, loss=stats.loss, lam=lam, wd_units=stats.wd_units, terms=terms)
+    term = objective or snip_objective(stats, lam, terms)
     problem = _formulate(stats, budget, candidates, term, granularity, pins, stage_groups(names, stages), shapes)
     _check_feasible(problem, stages is not None)
     results, binaries = _solve_exact(problem, time_limit)

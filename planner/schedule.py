@@ -24,8 +24,8 @@ Triggers (each optional):
   can be halved when its tensors share a leading size (stats.batch_rows).
 * `drift`: re-plan sooner while the plans go stale. A plan is made from the statistics of one step and
   lives until the next re-plan; early in training the layers' divergences move by several times within
-  a few dozen steps, and not together (on the tiny preset the deep blocks' loss divergence grows 4-6x
-  in the 50 steps after step 100, the first block's 2x), so a plan made at the start of an interval is
+  a few dozen steps, and not together (on the tiny preset the deep blocks' loss divergence grows 3-8x
+  in the 50 steps after step 100, the first block's 2x: bench/results/cpu-planner-staleness.md), so a plan made at the start of an interval is
   stale by its end. With `drift` the spacing of re-plans adapts: at every re-plan the previous plan's
   objective under the new statistics is compared with the new plan's (the regret, F(old) / F(new) - 1,
   F the configured method's own objective: SNIP's LD/L + lambda WD/L, a heuristic's score); above

@@ -184,7 +184,8 @@ def _run_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(
         preset=args.preset, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
         warmup_steps=args.warmup, weight_decay=args.weight_decay, grad_clip=args.grad_clip or None, weights=args.weights,
-        precision="bf16" if live else args.precision, precision_name=LIVE_PLANNER if live else None, corpus=args.corpus, max_bytes=args.max_bytes,
+        precision="bf16" if live else args.precision, precision_name=LIVE_PLANNER if live else None,
+        corpus=args.corpus, max_bytes=args.max_bytes,
         token_dtype=args.token_dtype, seed=args.seed, device=args.device, eval_interval=args.eval_interval,
         eval_batches=args.eval_batches, out_dir=out, name=name, save_checkpoint=args.save,
         checkpoint_interval=interval, deterministic=args.deterministic, progress=not args.no_progress, verbose=True,
