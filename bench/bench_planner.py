@@ -55,7 +55,7 @@ from snip_ops.formats import GEMMS, Rounding, recipe  # noqa: E402
 from snip_train.data import TokenData  # noqa: E402
 from snip_train.model import Llama, LlamaConfig  # noqa: E402
 from snip_train.planning import ComparisonConfig, make_hooks, run_comparison  # noqa: E402
-from snip_train.train import TrainConfig, train  # noqa: E402
+from snip_train.train import TrainConfig, learning_rates, train  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = Path(os.environ.get("SNIP_BENCH_CACHE", "/tmp/snip-planner-bench"))
@@ -108,11 +108,20 @@ def checkpoint(steps: int = PRE_STEPS, preset: str = "tiny") -> dict:
     return ckpt
 
 
+def branch_config(ckpt: dict, steps: int, seed: int, evals: int = 4, eval_batches: int = RUN["eval_batches"],
+                  precision=None) -> TrainConfig:
+    """The TrainConfig of a branch of `steps` steps from the checkpoint (the callbacks aside): lr LR decaying along
+    a cosine to LR/10 at the last step; every evaluation (`evals` of them, plus the one at the start) averages
+    `eval_batches` validation batches."""
+    return TrainConfig(**{**RUN, "preset": ckpt.get("preset", "tiny"), "eval_batches": eval_batches},
+                       steps=steps, lr=LR, min_lr_ratio=0.1, warmup_steps=0, seed=seed,
+                       eval_interval=max(1, steps // evals) if evals else 0, precision=precision)
+
+
 def continue_from(ckpt: dict, steps: int, seed: int, precision=None, hooks=None, evals: int = 4,
                   constant_steps: int = 0, eval_batches: int = RUN["eval_batches"]) -> dict:
-    """Train `steps` more steps from the checkpoint, return the summary. The learning rate stays at LR for
-    `constant_steps` steps, then decays along a cosine to LR/10 at the last step. Every evaluation (`evals`
-    of them, plus the one at the start) averages `eval_batches` validation batches."""
+    """Train `steps` more steps from the checkpoint (`branch_config`), return the summary. With `constant_steps`
+    the learning rate stays at LR for that many steps first, then decays."""
     box = {}
 
     def on_setup(model, opt):
@@ -134,10 +143,8 @@ def continue_from(ckpt: dict, steps: int, seed: int, precision=None, hooks=None,
         if hooks is not None:
             hooks.on_step(step, model, batch)
 
-    return train(TrainConfig(**{**RUN, "preset": ckpt.get("preset", "tiny"), "eval_batches": eval_batches},
-                             steps=steps, lr=LR, min_lr_ratio=0.1,
-                             warmup_steps=0, seed=seed, eval_interval=max(1, steps // evals) if evals else 0,
-                             precision=precision, prepare_model=prepare, on_setup=on_setup, on_step=on_step))
+    cfg = branch_config(ckpt, steps, seed, evals, eval_batches, precision)
+    return train(dataclasses.replace(cfg, prepare_model=prepare, on_setup=on_setup, on_step=on_step))
 
 
 def model_at(ckpt: dict):
@@ -618,9 +625,11 @@ def bench_staleness(args) -> None:
 HEURISTICS = ("uniform_fp4", "first_last", "layer_type", "min_rel_error", "min_abs_error", "random")
 # SNIP as the paper has it (WD settled), its two terms alone and a smaller weight of WD (the ablation), as
 # PlannerConfig fields; snip_horizon: WD as the excess loss within one re-plan interval. The planner's defaults
-# are snip_horizon_gemm.
+# are snip_horizon_gemm; snip_lrs_gemm is them planned as `snip train` plans, along the run's learning rates.
 SNIP_VARIANTS = {"snip": {}, "snip_ld": {"terms": "ld"}, "snip_wd": {"terms": "wd"}, "snip_lam0.1": {"lam": 0.1},
-                 "snip_horizon": {"wd_horizon": "interval"}}
+                 "snip_horizon": {"wd_horizon": "interval"}, "snip_lrs": {"wd_horizon": "interval"}}
+# SNIP variants whose WD horizon follows the branch's learning-rate decay (SnipPlanner's lr_schedule)
+LR_SCHEDULED = ("snip_lrs",)
 ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
 # a planned method's name + GEMM_SUFFIX: the same method with one precision per GEMM instead of per layer
 GEMM_SUFFIX = "_gemm"
@@ -693,7 +702,11 @@ def run_quality(run: QualityRun) -> dict:
     elif run.method == "uniform_fp4":  # one plan whatever the statistics say: no planner needed
         summary = continue_from(ckpt, run.steps, run.seed, precision="fp4", **evaluate)
     else:
-        hooks = make_hooks(planner_config(run.method, run.budget, run.interval), show_table=False, log=lambda m: None)
+        lr_schedule = None
+        if base_method(run.method) in LR_SCHEDULED:
+            lr_schedule = learning_rates(branch_config(ckpt, run.steps, run.seed, **evaluate))
+        hooks = make_hooks(planner_config(run.method, run.budget, run.interval), show_table=False, log=lambda m: None,
+                           lr_schedule=lr_schedule)
         summary = continue_from(ckpt, run.steps, run.seed, hooks=hooks, **evaluate)
     plans = [dict(h) for h in hooks.planner.history] if hooks else []
     for summary_of_plan, plan in zip(plans, hooks.plans if hooks else []):  # which layer got which precision
@@ -820,7 +833,8 @@ def bench_quality(args) -> None:
           f"bf16 branch's, mean +- std over seeds. snip: SNIP per layer as the paper plans (Fisher LD, WD in loss units "
           f"once settled, lambda {DEFAULT_LAMBDA:g}); snip_ld / snip_wd: one term alone; snip_lam0.1: lambda 0.1; "
           f"snip_horizon: WD as the excess loss within the {args.interval}-step re-plan interval instead of the settled "
-          f"one; *{GEMM_SUFFIX}: one precision per GEMM (forward, dgrad, wgrad) instead of per layer; the planner's "
+          f"one; snip_lrs: snip_horizon with the interval's learning rates read from the branch's decay "
+          f"(SnipPlanner's lr_schedule, as snip train plans) instead of held at the re-plan step's; *{GEMM_SUFFIX}: one precision per GEMM (forward, dgrad, wgrad) instead of per layer; the planner's "
           f"defaults are snip_horizon{GEMM_SUFFIX}; *{DRIFT_SUFFIX}: re-plans spaced by the drift trigger (regret "
           f"threshold {DRIFT:g}, from {drift_schedule(args.interval).min_interval} up to {args.interval} steps apart) "
           "instead of every interval.", ""]

@@ -125,13 +125,17 @@ class SnipPlanner:
                  *, loss_fn: LossFn | None = None, logits_fn: LogitsFn | None = None,
                  filter_fn: Callable[[nn.Module, str], bool] | None = None,
                  log: Callable[[str], None] | None = None, tp_group: dist.ProcessGroup | None = None,
-                 dp_group: dist.ProcessGroup | None = None, **overrides):
+                 dp_group: dist.ProcessGroup | None = None, lr_schedule: Callable[[int], float] | None = None,
+                 **overrides):
         config = config or PlannerConfig()
         self.config = dataclasses.replace(config, **overrides) if overrides else config
         self.model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
         self.optimizer = optimizer
         self.loss_fn = loss_fn or default_loss_fn
         self.logits_fn = logits_fn
+        # step -> learning rate (any scale: WD's horizon reads its ratios to the re-plan step's), e.g. the
+        # training loop's schedule or a LambdaLR's lr_lambda; None: the learning rate stays where it is
+        self.lr_schedule = lr_schedule
         self.log = log or (lambda msg: None)
         # Without tp_group every rank is a data-parallel replica (dp_group None: the whole world); with it,
         # dp_group None means one replica (no data parallelism).
@@ -232,13 +236,24 @@ class SnipPlanner:
                 optimizer = stack.enter_context(_whole_tensor_parallel_layers(self.model, optimizer))
             stats = measure(self.model, self.layers, optimizer, batch, loss_fn or self.loss_fn,
                             self.config.candidates, self.config.stats, self.config.divergence_config, step,
-                            self._logits_fn(batch, loss_fn), gradient_noise=noise)
+                            self._logits_fn(batch, loss_fn), gradient_noise=noise, lr_ratios=self._lr_ratios(step))
         if not _distributed():
             return stats
         if self.tp_group is None:
             return _reduce_stats(stats, dist.ReduceOp.SUM, None)
         stats = _reduce_stats(stats, None, self.tp_group)
         return _reduce_stats(stats, dist.ReduceOp.SUM, self.dp_group) if self.dp_group else stats
+
+    def _lr_ratios(self, step: int | None) -> list[float] | None:
+        """The learning rate of each step of WD's horizon from `step` on, relative to `step`'s (None without a
+        schedule, a step or a horizon: WD prices the horizon at the current learning rate)."""
+        horizon = self.config.divergence_config.wd_horizon
+        if self.lr_schedule is None or step is None or horizon is None:
+            return None
+        now = float(self.lr_schedule(step))
+        if not (math.isfinite(now) and now > 0):
+            raise ValueError(f"lr_schedule({step}) = {now}: the learning rate at a re-plan must be finite and > 0")
+        return [float(self.lr_schedule(step + t)) / now for t in range(horizon)]
 
     def _logits_fn(self, batch, loss_fn: LossFn | None) -> LogitsFn | None:
         """The given logits_fn; else, for the default loss of a causal LM on a window batch [B, T+1] (the

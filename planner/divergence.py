@@ -65,7 +65,9 @@ passes as the loss curvature: no extra pass. Without the Fisher draws (no logits
 N the linear layers' rows (stats.gradient_variance: one forward/backward of half the batch). That is the
 centred empirical Fisher: the Gauss-Newton diagonal in expectation when the labels follow the model and
 the positions are independent; positively correlated positions (tokens of one sequence) read it larger,
-so the horizon saturates sooner and WD leans towards its settled value.
+so the horizon saturates sooner and WD leans towards its settled value. Given the learning rates of the
+horizon's steps (`measure`'s lr_ratios: a schedule's decay), the factor 1 - exp(-2 T lr D_i G_ii) becomes
+its counterpart under that schedule (planner.horizon).
 
 Cost (D = draws): "fisher" 1 forward + D backwards for LD (and the Gauss-Newton diagonal), "batched"
 2D forward+backward passes; D forwards for WD; plus the statistics pass and the quantization errors.
@@ -84,6 +86,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .horizon import HorizonTable
 from .qerror import gemm_errors
 from .stats import (WD_UNITS, LayerStats, LossFn, PlannerStats, Recording, StatsConfig, gradient_noise_loss,
                     gradient_variance, high_precision, isolated_rng, record)
@@ -339,11 +342,19 @@ def weight_sensitivity(model, layers: Mapping[str, nn.Linear], batch, loss_fn: L
 def measure(model: nn.Module, layers: Mapping[str, nn.Linear], optimizer: torch.optim.Optimizer | None, batch,
             loss_fn: LossFn, candidates: Iterable[str], stats_config: StatsConfig = StatsConfig(),
             config: DivergenceConfig = DivergenceConfig(), step: int | None = None,
-            logits_fn: LogitsFn | None = None, gradient_noise: bool = False) -> PlannerStats:
+            logits_fn: LogitsFn | None = None, gradient_noise: bool = False,
+            lr_ratios: Sequence[float] | None = None) -> PlannerStats:
     """Statistics -> quantization errors -> LD and WD sensitivities for every layer in `layers`.
     `logits_fn` enables the Fisher loss curvature (DivergenceConfig.method "auto" / "fisher");
-    `gradient_noise` adds diagnostics["gradient_noise_loss"] (stats.gradient_noise_loss, a tensor batch)."""
+    `gradient_noise` adds diagnostics["gradient_noise_loss"] (stats.gradient_noise_loss, a tensor batch);
+    `lr_ratios`, the learning rate at each of the horizon's `wd_horizon` steps relative to the current one,
+    prices WD's horizon under that schedule (planner.horizon) instead of at a constant learning rate."""
     candidates = tuple(candidates)
+    if lr_ratios is not None:
+        if config.wd_horizon is None:
+            raise ValueError("lr_ratios schedule WD's horizon: set DivergenceConfig.wd_horizon")
+        if len(lr_ratios) != config.wd_horizon:
+            raise ValueError(f"lr_ratios has {len(lr_ratios)} steps, the horizon {config.wd_horizon}")
     seed = stats_config.seed
     times = {}
     t = time.perf_counter()
@@ -372,8 +383,13 @@ def measure(model: nn.Module, layers: Mapping[str, nn.Linear], optimizer: torch.
         if not fisher_diagonal:  # the linear layers' rows are the positions the loss averages over
             positions = next(iter(rec.layers.values())).shape.tokens
             gn = {p: positions * v for p, v in variance.items()}
-        rec.preconditioner.excess_loss_weight = {  # no gradient on this batch: G_ii = 0
-            p: c * -torch.expm1(-8 * config.wd_horizon * c * gn.get(p, 0.0)) for p, c in weights.items()}
+        table = HorizonTable(lr_ratios) if lr_ratios is not None else None
+        horizon = {}
+        for p, c in weights.items():  # no gradient on this batch: G_ii = 0
+            g = gn.get(p, 0.0)
+            horizon[p] = c * (-torch.expm1(-8 * config.wd_horizon * c * g) if lr_ratios is None else
+                              table(4 * c * g))  # a = lr D G = 4 c G
+        rec.preconditioner.excess_loss_weight = horizon
     # the minibatch's own gradient noise, priced by the same excess-loss weights as WD
     noise = gradient_noise_loss(variance, rec) if gradient_noise else None
     with high_precision(layers):

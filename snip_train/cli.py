@@ -159,7 +159,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
     from .checkpoint import load_checkpoint
     from .planning import LIVE_PLANNER, comparison_from_args, config_from_args, make_hooks, run_comparison
-    from .train import TrainConfig, check_config, train
+    from .train import TrainConfig, check_config, learning_rates, train
 
     _check_train_flags(args)
     live = args.precision == LIVE_PLANNER  # one run, the planner choosing its precision as it goes
@@ -197,7 +197,8 @@ def _run_train(args: argparse.Namespace) -> int:
         return 1 if any(b["diverged"] for b in result["branches"]) else 0
     hooks = None
     if live:  # checks a resumed planner's configuration against the checkpoint's
-        hooks = make_hooks(planner, out_dir=out, resume=resume.hooks if resume is not None else None)
+        hooks = make_hooks(planner, out_dir=out, resume=resume.hooks if resume is not None else None,
+                           lr_schedule=learning_rates(cfg))
         cfg = dataclasses.replace(cfg, **hooks.train_kwargs())
     s = train(cfg, resume=resume)
     if hooks is not None:

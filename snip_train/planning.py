@@ -1,7 +1,9 @@
 """The planner in the demo trainer, through the planner's public surface only, and the paired comparison.
 
-    hooks = make_hooks(PlannerConfig(budget=Budget.parse("fp4=0.75"), interval=100), out_dir="runs/x")
-    summary = train(TrainConfig(..., precision="bf16", **hooks.train_kwargs()))
+    cfg = TrainConfig(..., precision="bf16")
+    hooks = make_hooks(PlannerConfig(budget=Budget.parse("fp4=0.75"), interval=100), out_dir="runs/x",
+                       lr_schedule=learning_rates(cfg))  # WD's horizon follows the run's learning-rate decay
+    summary = train(dataclasses.replace(cfg, **hooks.train_kwargs()))
     hooks.finish()                      # plan.json (also written at every re-plan) + plan.png heat map
 
 `add_planner_args(parser)` / `config_from_args(args)` / `comparison_from_args(args, steps)` are the
@@ -43,7 +45,7 @@ from .checkpoint import differences
 from .errors import UsageError, user_input
 from .plots import plot_branch_gaps, plot_plan_heatmap
 from .state import TrainState
-from .train import TrainConfig, json_safe, jsonable, train
+from .train import TrainConfig, json_safe, jsonable, learning_rates, train
 
 __all__ = ["PlannerHooks", "make_hooks", "add_planner_args", "config_from_args", "comparison_from_args",
            "ComparisonConfig", "DEFAULT_BASELINES", "DEFAULT_SEEDS", "LIVE_PLANNER", "COMPARISON_FLAGS",
@@ -102,6 +104,7 @@ class PlannerHooks:
     log: Callable[[str], None] = _tqdm_write
     show_table: bool = True
     resume: dict | None = None  # a `state_dict` of the same run's hooks (a checkpoint's): continue from it
+    lr_schedule: Callable[[int], float] | None = None  # the run's step -> lr (train.learning_rates), for WD's horizon
     planner: SnipPlanner | None = field(default=None, init=False)
     plans: list[Plan] = field(default_factory=list, init=False)  # every plan installed, in order
 
@@ -116,7 +119,7 @@ class PlannerHooks:
         return self.plans[0] if self.plans else None
 
     def on_setup(self, model, optimizer) -> None:
-        self.planner = SnipPlanner(model, optimizer, self.config, log=self.log)
+        self.planner = SnipPlanner(model, optimizer, self.config, log=self.log, lr_schedule=self.lr_schedule)
         if self.resume is not None:
             self.planner.load_state_dict(self.resume["planner"])  # installs its plan on the model
             self.plans = [Plan.from_json(p) for p in self.resume["plans"]]
@@ -162,9 +165,9 @@ class PlannerHooks:
 
 def make_hooks(config: PlannerConfig | None = None, out_dir: str | Path | None = None,
                log: Callable[[str], None] | None = None, show_table: bool = True,
-               resume: dict | None = None) -> PlannerHooks:
+               resume: dict | None = None, lr_schedule: Callable[[int], float] | None = None) -> PlannerHooks:
     return PlannerHooks(config or PlannerConfig(), Path(out_dir) if out_dir else None, log or _tqdm_write, show_table,
-                        resume)
+                        resume, lr_schedule)
 
 
 def add_planner_args(parser: argparse.ArgumentParser) -> None:
@@ -315,7 +318,8 @@ def run_branch(state: TrainState, train_config: TrainConfig, comparison: Compari
     A function of its arguments alone (and of the torch thread count): the comparison's numbers do not
     depend on which process runs a branch, or when."""
     planner = comparison.planner_for(method)
-    hooks = None if planner is None else PlannerHooks(planner, log=lambda msg: None, show_table=False)
+    hooks = None if planner is None else PlannerHooks(planner, log=lambda msg: None, show_table=False,
+                                                      lr_schedule=learning_rates(train_config))
     cfg = dataclasses.replace(train_config, precision="bf16", name=f"{method}-seed{seed}", out_dir=None,
                               progress=False, verbose=False, **(hooks.train_kwargs() if hooks else {}))
     t0 = time.perf_counter()

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -70,7 +71,7 @@ from .model import Llama, LlamaConfig
 from .state import TrainState, capture, restore, set_sr_counters, sr_counters
 
 __all__ = ["TrainConfig", "train", "check_config", "PLAN_PRESETS", "resolve_plan", "apply_precision",
-           "linear_precisions", "resolve_device", "lr_at", "json_safe", "jsonable", "config_json",
+           "linear_precisions", "resolve_device", "lr_at", "learning_rates", "json_safe", "jsonable", "config_json",
            "RUN_ONLY_FIELDS"]
 
 PLAN_PRESETS: dict[str, Any] = {
@@ -293,6 +294,20 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return dev
 
 
+def warmup_steps(cfg: TrainConfig) -> int:
+    return cfg.warmup_steps if cfg.warmup_steps is not None else max(1, min(100, cfg.steps // 10))
+
+
+def learning_rates(cfg: TrainConfig) -> Callable[[int], float]:
+    """step -> the loop's learning rate at that step (`lr_at`), and 0 from ``cfg.steps`` on, where the run takes
+    no more steps: the schedule the planner's WD horizon looks ahead along (SnipPlanner's lr_schedule)."""
+    return functools.partial(_scheduled_lr, cfg=cfg, warmup=warmup_steps(cfg))
+
+
+def _scheduled_lr(step: int, cfg: TrainConfig, warmup: int) -> float:
+    return lr_at(step, cfg, warmup) if step < cfg.steps else 0.0
+
+
 def lr_at(step: int, cfg: TrainConfig, warmup: int) -> float:
     """Linear warmup to ``lr`` then cosine decay to ``lr * min_lr_ratio`` at the last step."""
     if warmup > 0 and step < warmup:
@@ -429,7 +444,7 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: T
 
         opt_kw.pop("fused", None)
         optimizer = SnipAdamW(groups, bf16_sr=cfg.weights == "bf16_sr", seed=cfg.seed, **opt_kw)
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, min(100, cfg.steps // 10))
+    warmup = warmup_steps(cfg)
     train_gen = torch.Generator().manual_seed(cfg.seed)
     if start is not None:
         restore(start, model, optimizer, train_gen)

@@ -209,6 +209,23 @@ def test_default_plans_are_per_gemm_with_wd_over_the_re_plan_interval():
     assert PlannerConfig(wd_horizon="settled").divergence_config.wd_horizon is None
 
 
+def test_wd_horizon_reads_the_learning_rate_schedule_from_the_re_plan_step():
+    """lr_schedule gives the horizon's learning rates relative to the re-plan step's; without it (or with a
+    settled WD) the horizon keeps the current rate; a schedule without a positive rate at the step is refused."""
+    _, _, planner = setup(lr_schedule=lambda step: 10.0 - step)  # interval 2: the horizon is 2 steps
+    assert planner._lr_ratios(2) == [1.0, 7 / 8] and planner._lr_ratios(None) is None
+    with pytest.raises(ValueError, match="must be finite and > 0"):
+        planner._lr_ratios(10)
+    assert setup()[2]._lr_ratios(2) is None
+    _, _, settled = setup(lr_schedule=lambda step: 1.0, wd_horizon="settled")
+    assert settled._lr_ratios(2) is None
+    batch = batches(1)[0]
+    full = setup(lr_schedule=lambda step: 1.0)[2].measure(batch, step=0)
+    ending = setup(lr_schedule=lambda step: 1.0 if step < 1 else 0.0)[2].measure(batch, step=0)  # one step left
+    for f, e in zip(full.layers, ending.layers):
+        assert 0 < e.s_wgrad < f.s_wgrad and e.curvature == f.curvature
+
+
 def test_batches_are_halved_and_cut_tensor_by_tensor():
     x, y = torch.randn(6, 3), torch.arange(6)
     batch = {"inputs": (x, [y, "tag"]), "scale": 2.0, "mask": torch.ones(6, 2)}

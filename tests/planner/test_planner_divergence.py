@@ -345,6 +345,28 @@ def test_horizon_wd_is_the_excess_loss_reached_within_the_horizon():
     assert ((est.mean(0) - want).abs() < 6 * standard_error).all(), (est.mean(0), want)
 
 
+def test_horizon_wd_follows_the_learning_rate_schedule():
+    """lr_ratios all 1 is the constant-rate horizon (to the table's interpolation); a decay lowers every layer's
+    WD and leaves LD alone; no step after this one (the run ends) prices no noise at all."""
+    model, opt, layers, batch = trained_tiny()
+    kw = dict(model=model, layers=layers, optimizer=opt, batch=batch, loss_fn=loss_fn, candidates=("fp4",),
+              stats_config=StatsConfig(max_rows=64), config=DivergenceConfig(draws=2, wd_horizon=10),
+              logits_fn=lm_logits)
+    constant = measure(**kw)
+    ones = measure(**kw, lr_ratios=[1.0] * 10)
+    decay = measure(**kw, lr_ratios=[1 - 0.09 * t for t in range(10)])
+    ended = measure(**kw, lr_ratios=[0.0] * 10)
+    for c, o, d, e in zip(constant.layers, ones.layers, decay.layers, ended.layers):
+        assert o.s_wgrad == pytest.approx(c.s_wgrad, rel=1e-3) and o.s_dgrad == pytest.approx(c.s_dgrad, rel=1e-3)
+        assert 0 < d.s_wgrad < c.s_wgrad and 0 < d.s_dgrad < c.s_dgrad
+        assert e.s_wgrad == 0 and e.s_dgrad == 0
+        assert c.curvature == o.curvature == d.curvature == e.curvature
+    with pytest.raises(ValueError, match="lr_ratios has 3 steps, the horizon 10"):
+        measure(**kw, lr_ratios=[1.0] * 3)
+    with pytest.raises(ValueError, match="set DivergenceConfig.wd_horizon"):
+        measure(**{**kw, "config": DivergenceConfig(draws=2)}, lr_ratios=[1.0] * 10)
+
+
 def test_horizon_wd_needs_loss_units_and_a_batch_to_halve_without_logits():
     with pytest.raises(ValueError, match="wd_horizon must be"):
         DivergenceConfig(wd_horizon=0)

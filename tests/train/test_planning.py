@@ -13,7 +13,7 @@ from snip_train.planning import (DEFAULT_BASELINES, ComparisonConfig, PlannerHoo
                                  branch_data_seed, comparison_from_args, config_from_args, format_table, make_hooks,
                                  run_branch, run_comparison, summarize)
 from snip_train.plots import plot_branch_gaps
-from snip_train.train import TrainConfig, train
+from snip_train.train import TrainConfig, learning_rates, train
 
 FAST = dict(stats=StatsConfig(max_rows=64), divergence=DivergenceConfig(draws=1))
 MODEL = LlamaConfig(dim=128, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=16)
@@ -84,6 +84,26 @@ def test_a_branch_re_plans_from_its_own_first_step():
     hooks = PlannerHooks(PlannerConfig(interval=2, **FAST), log=lambda msg: None, show_table=False)
     train(TrainConfig(steps=8, eval_interval=0, **RUN, **hooks.train_kwargs()), start=state)
     assert [p.step for p in hooks.plans] == [3, 5, 7] and hooks.first_plan is hooks.plans[0]
+
+
+def test_planners_of_the_trainer_look_ahead_along_the_runs_learning_rates(monkeypatch):
+    """A comparison branch's planner gets the run's learning-rate schedule (WD's horizon decays with it)."""
+    import snip_train.planning as planning
+
+    seen = []
+
+    class Recording(planning.SnipPlanner):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self.lr_schedule)
+
+    monkeypatch.setattr(planning, "SnipPlanner", Recording)
+    cfg = TrainConfig(steps=4, eval_interval=0, **RUN)
+    state = train(cfg, stop_at=2)["state"]
+    run_branch(state, cfg, ComparisonConfig(branch_at=2, planner=PlannerConfig(interval=1, **FAST), baselines=(),
+                                            seeds=(0,)), "SNIP", 0)
+    assert len(seen) == 1 and [seen[0](s) for s in range(6)] == [learning_rates(cfg)(s) for s in range(6)]
+    assert seen[0](4) == 0.0
 
 
 def _branch(method, seed, val, fp4=(0.75,)):

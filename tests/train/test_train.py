@@ -1,5 +1,6 @@
 """snip_train.train and the CLI. The fp8 / fp4_mlp tests exercise snip_ops.convert (the lead's module)."""
 
+import dataclasses
 import json
 import math
 
@@ -10,7 +11,7 @@ from torch import nn
 from snip_train import cli
 from snip_train.errors import UsageError
 from snip_train.model import Llama
-from snip_train.train import (PLAN_PRESETS, TrainConfig, apply_precision, linear_precisions, lr_at,
+from snip_train.train import (PLAN_PRESETS, TrainConfig, apply_precision, learning_rates, linear_precisions, lr_at,
                               resolve_plan, train)
 
 FAST = dict(preset="tiny", batch_size=8, seq_len=64, max_bytes=1 << 20, eval_batches=2, progress=False)
@@ -69,6 +70,19 @@ def test_lr_schedule():
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert lrs[10] == pytest.approx(1.0) and lrs[-1] == pytest.approx(0.1)
     assert all(x >= y for x, y in zip(lrs[10:], lrs[11:]))
+
+
+def test_learning_rates_are_the_loops_and_zero_after_the_run():
+    """`learning_rates(cfg)` is what the loop sets at every step (the planner's horizon looks ahead along it),
+    and 0 from cfg.steps on: the run takes no more steps."""
+    cfg = TrainConfig(steps=6, eval_interval=0, lr=1e-2, warmup_steps=2, min_lr_ratio=0.1, **FAST)
+    seen = []
+    box = {}
+    train(dataclasses.replace(cfg, on_setup=lambda model, opt: box.update(opt=opt),
+                              on_step=lambda step, model, batch: seen.append(box["opt"].param_groups[0]["lr"])))
+    schedule = learning_rates(cfg)
+    assert seen == [schedule(step) for step in range(6)] == [lr_at(step, cfg, 2) for step in range(6)]
+    assert schedule(6) == schedule(100) == 0.0
 
 
 def test_hooks_are_called():
