@@ -246,14 +246,16 @@ class SnipPlanner:
 
     def _lr_ratios(self, step: int | None) -> list[float] | None:
         """The learning rate of each step of WD's horizon from `step` on, relative to `step`'s (None without a
-        schedule, a step or a horizon: WD prices the horizon at the current learning rate)."""
+        schedule, a step or a horizon: WD prices the horizon at the current learning rate; None too where that
+        rate is 0, as at the last step of a decay to 0: the optimizer's learning rate prices WD at 0 then)."""
         horizon = self.config.divergence_config.wd_horizon
         if self.lr_schedule is None or step is None or horizon is None:
             return None
-        now = float(self.lr_schedule(step))
-        if not (math.isfinite(now) and now > 0):
-            raise ValueError(f"lr_schedule({step}) = {now}: the learning rate at a re-plan must be finite and > 0")
-        return [float(self.lr_schedule(step + t)) / now for t in range(horizon)]
+        rates = [float(self.lr_schedule(step + t)) for t in range(horizon)]
+        if not all(math.isfinite(r) and r >= 0 for r in rates):
+            raise ValueError(f"lr_schedule gave {rates} for steps {step}..{step + horizon - 1}: learning rates must "
+                             "be finite and >= 0")
+        return [r / rates[0] for r in rates] if rates[0] > 0 else None
 
     def _logits_fn(self, batch, loss_fn: LossFn | None) -> LogitsFn | None:
         """The given logits_fn; else, for the default loss of a causal LM on a window batch [B, T+1] (the

@@ -11,10 +11,12 @@ optimizer steps, it re-plans on the batch that step trained on (its last micro-b
 plan, which the next step uses; the first step runs in bf16. The planner's passes use
 `torch.autograd.grad` and leave the gradients alone. The world's process zero writes each plan to
 `<output_dir>/<plan_file>`. A resumed run re-plans at the end of its first step.
+WD's horizon looks ahead along the Trainer's learning-rate schedule (`trainer_lr_schedule`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Callable, Mapping
 
@@ -24,7 +26,19 @@ from transformers import TrainerCallback
 
 from ..controller import PlannerConfig, SnipPlanner
 
-__all__ = ["SnipCallback", "model_loss"]
+__all__ = ["SnipCallback", "model_loss", "trainer_lr_schedule"]
+
+
+def trainer_lr_schedule(lr_scheduler, max_steps: int) -> Callable[[int], float] | None:
+    """The Trainer's learning-rate multiplier at an optimizer step, 0 from `max_steps` on, which WD's horizon
+    looks ahead along (SnipPlanner's lr_schedule): the first lambda of a LambdaLR, as every schedule of
+    transformers.get_scheduler is; None for another scheduler (the horizon then holds the current rate)."""
+    lambdas = getattr(lr_scheduler, "lr_lambdas", None)
+    return functools.partial(_until, lambdas[0], max_steps) if lambdas else None
+
+
+def _until(multiplier: Callable[[int], float], end: int, step: int) -> float:
+    return float(multiplier(step)) if step < end else 0.0
 
 
 def model_loss(model: nn.Module, batch: Mapping) -> torch.Tensor:
@@ -50,12 +64,13 @@ class SnipCallback(TrainerCallback):
         self._hook = None
         self._planning = False  # the planner's own forward passes are not training batches
 
-    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         if model is None:
             raise ValueError("SnipCallback needs the Trainer's model (the 'model' argument of on_train_begin)")
         # Accelerate wraps the optimizer; the planner reads the wrapped one's learning rate and Adam state.
         optimizer = getattr(optimizer, "optimizer", optimizer)
-        self.planner = SnipPlanner(model, optimizer, self.config, loss_fn=self.loss_fn)
+        self.planner = SnipPlanner(model, optimizer, self.config, loss_fn=self.loss_fn,
+                                   lr_schedule=trainer_lr_schedule(lr_scheduler, state.max_steps))
         self._hook = model.register_forward_pre_hook(self._keep_batch, with_kwargs=True)
 
     def _keep_batch(self, module: nn.Module, args: tuple, kwargs: dict) -> None:

@@ -69,6 +69,9 @@ def test_callback_replans_between_steps_and_writes_the_plan(tmp_path):
     saved = Plan.load(tmp_path / "snip_plan.json")
     assert saved.precisions == planner.plan.precisions and saved.step == 3
     assert snip._hook is None  # the batch hook is gone after training
+    # WD's horizon looks ahead along the Trainer's linear decay, which ends at max_steps
+    assert [planner.lr_schedule(s) for s in range(6)] == [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
+    assert planner._lr_ratios(1) == [1.0, 0.5 / 0.75]
 
 
 def test_model_loss_needs_labels():

@@ -211,11 +211,13 @@ def test_default_plans_are_per_gemm_with_wd_over_the_re_plan_interval():
 
 def test_wd_horizon_reads_the_learning_rate_schedule_from_the_re_plan_step():
     """lr_schedule gives the horizon's learning rates relative to the re-plan step's; without it (or with a
-    settled WD) the horizon keeps the current rate; a schedule without a positive rate at the step is refused."""
-    _, _, planner = setup(lr_schedule=lambda step: 10.0 - step)  # interval 2: the horizon is 2 steps
+    settled WD, or a zero rate at the step) the horizon keeps the current rate; a negative rate is refused."""
+    _, _, planner = setup(lr_schedule=lambda step: max(10.0 - step, 0.0))  # interval 2: the horizon is 2 steps
     assert planner._lr_ratios(2) == [1.0, 7 / 8] and planner._lr_ratios(None) is None
-    with pytest.raises(ValueError, match="must be finite and > 0"):
-        planner._lr_ratios(10)
+    assert planner._lr_ratios(10) is None  # no learning rate left: the optimizer's (0) prices WD
+    assert planner._lr_ratios(9) == [1.0, 0.0]
+    with pytest.raises(ValueError, match="must be finite and >= 0"):
+        setup(lr_schedule=lambda step: 1.0 - step)[2]._lr_ratios(1)
     assert setup()[2]._lr_ratios(2) is None
     _, _, settled = setup(lr_schedule=lambda step: 1.0, wd_horizon="settled")
     assert settled._lr_ratios(2) is None
