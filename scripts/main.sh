@@ -9,15 +9,16 @@
 # of one torch thread. Runs on the CPU when there is no GPU. The CUDA extension is built where nvcc, a
 # CUDA torch and a GPU exist; without a GPU its kernels could not run, so a fresh machine skips the
 # 5-minute CUDA build and builds only the CPU implementations of the quantizer and optimizer (seconds;
-# bit-identical to the PyTorch reference, about 2x faster training steps); an extension that is already
-# built, e.g. by scripts/test.sh, is kept.
+# bit-identical to the PyTorch reference, about 2x faster training steps), as it does where such a
+# CPU-only extension is already installed; an extension with CUDA kernels, e.g. built by scripts/test.sh,
+# is kept.
 # Output: runs/main/ (plan table and comparison table on stdout; snip/plan.json, snip/plan.png,
 # branch_gaps.png, comparison.json, warmup/). Extra arguments go to `snip train` and override these.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 if ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; } \
-   && ! "$PY" -c "import snip_ops._C" 2>/dev/null; then
+   && ! "$PY" -c "import sys; from snip_ops import _ext; sys.exit(not _ext.compiled_archs())" 2>/dev/null; then
   export SNIP_NO_CUDA=${SNIP_NO_CUDA:-1}
 fi
 bash scripts/install.sh

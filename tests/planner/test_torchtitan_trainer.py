@@ -166,7 +166,11 @@ def test_snip_trainer_trains_and_replans_end_to_end(tmp_path, monkeypatch, cpu_d
     steps = []
     forward_backward = trainer.forward_backward_step
 
+    optimizer = trainer.snip_planner.optimizer
+    lrs = []
+
     def recorded(**kwargs):
+        lrs.append(optimizer.param_groups[0]["lr"] / optimizer.param_groups[0]["initial_lr"])
         counters = {n: m.sr_step.item() for n, m in model.named_modules() if isinstance(m, TitanSnipLinear)}
         ran_in = precisions(model)
         loss = forward_backward(**kwargs)
@@ -181,6 +185,9 @@ def test_snip_trainer_trains_and_replans_end_to_end(tmp_path, monkeypatch, cpu_d
         trainer.close()
 
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    # WD's horizon looks ahead along the schedule each step's update runs at, and no further than the last step
+    schedule = trainer.snip_planner.lr_schedule
+    assert [schedule(s) for s in (1, 2, 3, 4)] == pytest.approx(lrs, rel=1e-12) and schedule(5) == 0.0
     assert all(math.isfinite(s["loss"]) for s in steps)
     history = trainer.snip_planner.history
     assert [h["step"] for h in history] == [1, 3]  # the first step, then every 2 steps

@@ -10,7 +10,8 @@ planner's forward and backward passes use the trainer's own input processing and
 `torch.autograd.grad`, so they leave the parameters' gradients, the token count and the data order
 as they were. torchtitan shards the model with FSDP2 even on one rank; the planner measures the
 whole, unsharded parameters and their Adam state (`planner.fsdp`). Rank 0 writes each
-new plan to `<dump_folder>/<snip.plan_file>`. A resumed run re-plans at its first step.
+new plan to `<dump_folder>/<snip.plan_file>`. A resumed run re-plans at its first step. WD's horizon looks
+ahead along the trainer's learning-rate schedule (`titan_lr_schedule`).
 
 The job must run the model's whole forward in one call, once per layer: activation checkpointing
 (its recomputation runs each layer again inside the backward) and a chunked loss (its output head runs
@@ -21,6 +22,7 @@ both off.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from dataclasses import dataclass, field, fields
@@ -37,7 +39,7 @@ from ...controller import PlannerConfig, SnipPlanner
 from ...cost import Budget
 from .converter import TitanSnipLinear
 
-__all__ = ["SnipPlanning", "SnipTrainer", "snip_planner"]
+__all__ = ["SnipPlanning", "SnipTrainer", "snip_planner", "titan_lr_schedule"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -64,10 +66,12 @@ class SnipPlanning:
 
 
 def snip_planner(model_parts: list[torch.nn.Module], optimizers: torch.optim.Optimizer, config: PlannerConfig,
-                 loss_fn: Callable, log: Callable[[str], None] | None = None) -> SnipPlanner:
+                 loss_fn: Callable, log: Callable[[str], None] | None = None,
+                 lr_schedule: Callable[[int], float] | None = None) -> SnipPlanner:
     """A SnipPlanner for the `TitanSnipLinear` layers of a torchtitan model (one model part: no
     pipeline parallelism) trained by `optimizers` (an OptimizersContainer or one optimizer).
-    `loss_fn(model, batch) -> scalar loss` runs the model on a batch of the training data."""
+    `loss_fn(model, batch) -> scalar loss` runs the model on a batch of the training data;
+    `lr_schedule` (`titan_lr_schedule`) the learning rate WD's horizon looks ahead along."""
     if len(model_parts) != 1:
         raise ValueError(f"the SNIP planner needs the whole model in one part, got {len(model_parts)} "
                          "(pipeline parallelism is not supported)")
@@ -77,7 +81,21 @@ def snip_planner(model_parts: list[torch.nn.Module], optimizers: torch.optim.Opt
         raise ValueError("the model has no TitanSnipLinear layer: add SnipLinearConverter.Config() to the model "
                          "registry's converters")
     return SnipPlanner(model, _optimizer_of(weights, optimizers), config, loss_fn=loss_fn,
-                       filter_fn=lambda module, name: isinstance(module, TitanSnipLinear), log=log)
+                       filter_fn=lambda module, name: isinstance(module, TitanSnipLinear), log=log,
+                       lr_schedule=lr_schedule)
+
+
+def titan_lr_schedule(lr_schedulers, steps: int) -> Callable[[int], float] | None:
+    """The learning-rate multiplier of torchtitan's step (counted from 1, as `Trainer.step` is when the
+    step runs), 0 after the last of `steps`: its LRSchedulersContainer's first LambdaLR, whose own count
+    starts at 0; None for another scheduler (WD's horizon then holds the current rate)."""
+    schedulers = getattr(lr_schedulers, "schedulers", [lr_schedulers])
+    lambdas = getattr(schedulers[0], "lr_lambdas", None) if schedulers else None
+    return functools.partial(_multiplier_of_step, lambdas[0], steps) if lambdas else None
+
+
+def _multiplier_of_step(multiplier: Callable[[int], float], steps: int, step: int) -> float:
+    return float(multiplier(step - 1)) if step <= steps else 0.0
 
 
 def _optimizer_of(weights: list[torch.nn.Parameter], optimizers: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -124,7 +142,8 @@ class SnipTrainer(Trainer):
     def __init__(self, config: Config):
         super().__init__(config)
         self.snip_planner = snip_planner(self.model_parts, self.optimizers, config.snip.planner_config(),
-                                         loss_fn=self._planner_loss, log=logger.info)
+                                         loss_fn=self._planner_loss, log=logger.info,
+                                         lr_schedule=titan_lr_schedule(self.lr_schedulers, config.training.steps))
         self.snip_plan_path = os.path.join(config.dump_folder, config.snip.plan_file) if config.snip.plan_file else None
 
     def train_step(self, data_iterator):
