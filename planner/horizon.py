@@ -27,7 +27,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["HorizonTable", "horizon_fraction", "horizon_fraction_exact"]
+__all__ = ["HorizonTable", "horizon_fraction_exact"]
 
 POINTS_PER_DECADE = 64  # linear interpolation in log a: error < (ln 10 / 64)^2 / 8 ~ 2e-4 of phi's scale
 
@@ -91,8 +91,3 @@ class HorizonTable:
         phi = torch.addcmul(self.table.index_select(0, idx).view_as(pos), pos.sub_(idx.view_as(pos)),
                             self.slopes.index_select(0, idx).view_as(pos))
         return torch.where(a < self.lo, self.first_order * a, phi)
-
-
-def horizon_fraction(rate: torch.Tensor, lr_ratios: Sequence[float]) -> torch.Tensor:
-    """phi_T(a) for `rate` = a = lr D G elementwise and the schedule `lr_ratios` (HorizonTable)."""
-    return HorizonTable(lr_ratios)(rate)

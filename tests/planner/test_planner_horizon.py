@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from planner.horizon import horizon_fraction, horizon_fraction_exact
+from planner.horizon import HorizonTable, horizon_fraction_exact
 
 T = 50
 # a = lr D G from far below the grid (first-order branch) to far above it (saturated), with exact zeros
@@ -28,7 +28,7 @@ INTERPOLATION = 1e-3
 def test_tabulated_fraction_matches_the_recursion(name):
     ratios = SCHEDULES[name]
     exact = horizon_fraction_exact(RATES, ratios)
-    got = horizon_fraction(RATES.float(), ratios).double()
+    got = HorizonTable(ratios)(RATES.float()).double()
     assert got.dtype == torch.float64 and got.shape == RATES.shape
     assert (got[:2] == 0).all() and (exact[:2] == 0).all()
     scale = exact[2:].cummax(0).values  # RATES increase
@@ -66,10 +66,10 @@ def test_recursion_is_the_variance_of_the_noisy_iteration_for_small_steps():
 
 
 def test_no_step_or_bad_rates_are_refused():
-    assert (horizon_fraction(RATES.float(), [0.0] * 3) == 0).all()
-    assert (horizon_fraction(-RATES.float(), [1.0] * 3) == 0).all()  # a negative curvature reads as none
+    assert (HorizonTable([0.0] * 3)(RATES.float()) == 0).all()
+    assert (HorizonTable([1.0] * 3)(-RATES.float()) == 0).all()  # a negative curvature reads as none
     for bad in ([], [1.0, -0.5], [float("nan")], [float("inf")]):
         with pytest.raises(ValueError, match="lr_ratios"):
-            horizon_fraction(RATES.float(), bad)
+            HorizonTable(bad)
         with pytest.raises(ValueError, match="lr_ratios"):
             horizon_fraction_exact(RATES, bad)
