@@ -5,6 +5,7 @@
     python bench/bench_planner.py validity    # per-layer scores vs the true effect of FP4 on one layer
     python bench/bench_planner.py horizon     # WD's horizon without logits (gradient variance) vs with (Gauss-Newton)
     python bench/bench_planner.py staleness   # how stale a plan goes within a re-plan interval (the drift trigger)
+    python bench/bench_planner.py wgrad_error # e_wgrad from the row sample vs the whole batch's
     python bench/bench_planner.py quality     # SNIP vs the heuristics vs bf16: presets x phases x budgets x seeds
     python bench/bench_planner.py schedule    # a precision schedule vs a constant budget at the same mean FP4 share
     python bench/bench_planner.py swap --raise A,B --lower C,D   # SNIP's plan with layers moved: predicted vs trained
@@ -48,7 +49,8 @@ from planner.baselines import block_index  # noqa: E402
 from planner.divergence import lm_logits  # noqa: E402
 from planner.cost import LayerShape, layer_shapes, plan_metrics  # noqa: E402
 from planner.ilp import DEFAULT_LAMBDA, plan_objective  # noqa: E402
-from planner.stats import LayerStats, PlannerStats  # noqa: E402
+from planner.qerror import gemm_errors, relative_error  # noqa: E402
+from planner.stats import LayerStats, PlannerStats, record  # noqa: E402
 from snip_ops import LinearPrecision, SnipLinear, convert  # noqa: E402
 from snip_ops import gemm as snip_gemm  # noqa: E402
 from snip_ops.formats import GEMMS, Rounding, recipe  # noqa: E402
@@ -542,6 +544,45 @@ def bench_validity(args) -> None:
                        "objective_vs_lambda": objective, "bootstrap_at_default_lambda": bootstrap, "layers": rows,
                        "stats": {f"{m}_draws{d}": s.to_json() for (m, d), s in stats.items()},
                        "stats_update_units": update_units.to_json()}, "\n".join(md))
+
+
+def bench_wgrad_error(args) -> None:
+    """e_wgrad from the planner's row sample against the whole batch's, at each checkpoint: the sample's own
+    relative error (before the scaling of planner/qerror.py) and the scaled estimate, each as a ratio to
+    the error of the wgrad over every row of the calibration batch, per layer, FP4."""
+    model_loss = lambda m, b: m.loss(b)  # noqa: E731
+    batch = calibration_batch()
+    rows = []
+    for phase in args.phases:
+        model, opt, layers = model_at(checkpoint(phase, args.preset))
+        every = record(model, layers, batch, model_loss, opt, StatsConfig(max_rows=1 << 30, memory_cap_bytes=1 << 40))
+        whole = {n: statistics.mean(gemm_errors(r, ("fp4",), seed=s)["fp4"]["wgrad"] for s in args.seeds)
+                 for n, r in every.layers.items()}
+        scaled, own = {n: [] for n in whole}, {n: [] for n in whole}
+        for s in args.seeds:  # a row sample and SR bits per seed
+            for n, r in record(model, layers, batch, model_loss, opt, StatsConfig(seed=s)).layers.items():
+                scaled[n].append(gemm_errors(r, ("fp4",), seed=s)["fp4"]["wgrad"])
+                own[n].append(relative_error(snip_gemm.wgrad(r.dy, r.x, recipe("fp4"), seed=s, emulate=True),
+                                             snip_gemm.fp32_mm(r.dy.t(), r.x)))
+        row = {"phase": phase, "tokens": next(iter(every.layers.values())).shape.tokens,
+               "sampled_rows": StatsConfig().max_rows}
+        for label, values in (("own", own), ("scaled", scaled)):
+            ratios = sorted(statistics.mean(values[n]) / whole[n] for n in whole)
+            row[label] = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+        rows.append(row)
+        print(f"phase {phase}: own {row['own']['median']:.2f}x, scaled {row['scaled']['median']:.2f}x", flush=True)
+    md = [f"Preset {args.preset}, FP4 (`fp4`), the calibration batch of the quality grid; per layer the mean over seeds "
+          f"{args.seeds} (each a row sample of the statistics pass and its SR bits) divided by the wgrad error over every "
+          "row (mean over the same SR seeds). 'own': the sample's own relative error ||Q(dy)^T Q(x) - dy^T x||^2 / "
+          "||dy^T x||^2 on its rows; 'scaled': the planner's e_wgrad, the error energy scaled by M / m over the "
+          "whole batch's gradient (planner/qerror.py).", "",
+          "| checkpoint | rows sampled of | own: median ratio [min, max] over layers | scaled: median ratio [min, max] |",
+          "|---|---|---|---|"]
+    for r in rows:
+        md.append(f"| {r['phase']} | {r['sampled_rows']} of {r['tokens']} | "
+                  + " | ".join(f"{r[k]['median']:.2f} [{r[k]['min']:.2f}, {r[k]['max']:.2f}]" for k in ("own", "scaled"))
+                  + " |")
+    write("wgrad-error", {"preset": args.preset, "seeds": args.seeds, "rows": rows}, "\n".join(md))
 
 
 def bench_horizon(args) -> None:
@@ -1080,7 +1121,8 @@ def bench_demo(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("cost", "validity", "horizon", "staleness", "quality", "schedule", "swap", "demo"))
+    p.add_argument("what", choices=("cost", "validity", "horizon", "wgrad_error", "staleness", "quality", "schedule",
+                                   "swap", "demo"))
     p.add_argument("--steps", type=int, default=None, help="training steps per run")
     p.add_argument("--seeds", type=lambda s: [int(v) for v in s.split(",")], default=None)
     p.add_argument("--interval", type=int, default=None, help="SNIP re-plan interval")
@@ -1127,6 +1169,7 @@ def main() -> None:
         RESULTS = args.results
     torch.set_num_threads(args.threads)
     defaults = {"validity": (30, [0, 1], None), "horizon": (0, [0], 50), "staleness": (0, [0], 50),
+                "wgrad_error": (0, [0, 1, 2, 3], 0),
                 "quality": (100, [0, 1, 2], 50),
                 "schedule": (200, [0, 1, 2], 25),
                 "swap": (100, [0, 1, 2, 3], 0),
@@ -1140,7 +1183,8 @@ def main() -> None:
     args.budgets = args.budgets or ([0.85, 0.62, 0.75] if schedule else [0.8] if args.what == "swap" else [0.5, 0.75, 0.8])
     if schedule and len(args.budgets) != 3:
         p.error("schedule takes --budgets BEFORE_DECAY,AFTER_DECAY,CONSTANT")
-    {"cost": bench_cost, "validity": bench_validity, "horizon": bench_horizon, "staleness": bench_staleness,
+    {"cost": bench_cost, "validity": bench_validity, "horizon": bench_horizon, "wgrad_error": bench_wgrad_error,
+     "staleness": bench_staleness,
      "quality": bench_quality,
      "schedule": bench_schedule, "swap": bench_swap, "demo": bench_demo}[args.what](args)
 

@@ -51,6 +51,14 @@ def test_validity(tmp_path):
     assert all(e["layers_with_curvature_<=_0"] == 0 for k, e in out["estimators"].items() if k.startswith("fisher"))
 
 
+def test_wgrad_error(tmp_path):
+    _bench(tmp_path, "wgrad_error", "--phases", "2", "--seeds", "0,1")
+    out = json.loads((tmp_path / "cpu-planner-wgrad-error.json").read_text())
+    (row,) = out["rows"]
+    assert row["phase"] == 2 and row["sampled_rows"] == 128 and row["tokens"] == 1024
+    assert all(0 < row[k]["min"] <= row[k]["median"] <= row[k]["max"] for k in ("own", "scaled"))
+
+
 def test_horizon(tmp_path):
     _bench(tmp_path, "horizon", "--phases", "2", "--budgets", "0.5,0.8", "--interval", "3")
     out = json.loads((tmp_path / "cpu-planner-horizon.json").read_text())

@@ -175,7 +175,9 @@ def test_planner_measures_the_recipe_with_its_transform():
 
     g = torch.Generator().manual_seed(5)
     x, dy, w = torch.randn(40, 32, generator=g), torch.randn(40, 24, generator=g), torch.randn(24, 32, generator=g)
-    rec = SimpleNamespace(x=x, dy=dy, weight=w)  # the fields of a planner.stats.LayerRecording it reads
+    # the fields of a planner.stats.LayerRecording it reads; every row sampled, so e_wgrad is the sample's
+    rec = SimpleNamespace(x=x, dy=dy, weight=w, rows=torch.arange(40), shape=SimpleNamespace(tokens=40),
+                          weight_grad=gemm.fp32_mm(dy.t(), x))
     errs = gemm_errors(rec, ["nvfp4_train", "nvfp4"], seed=3)
     r = recipe("nvfp4_train")
     want = relative_error(gemm.wgrad(dy, x, r, seed=3, emulate=True), gemm.fp32_mm(dy.t(), x))

@@ -209,13 +209,15 @@ def test_quantization_errors_are_those_of_the_emulated_gemms(name, monkeypatch):
     monkeypatch.setattr(gemm, "fp32_mm", fp64_mm)
     gen = torch.Generator().manual_seed(2)
     x, dy, w = torch.randn(77, 300, generator=gen), torch.randn(77, 130, generator=gen), torch.randn(130, 300, generator=gen)
-    rec = dataclasses.make_dataclass("Rec", ["x", "dy", "weight"])(x, dy, w)
     r = recipe(name)
     approx = {"fprop": gemm.fprop(x, w, r, seed=4, emulate=True, out_dtype=torch.float64),
               "dgrad": gemm.dgrad(dy, w, r, seed=4, emulate=True, out_dtype=torch.float64),
               "wgrad": gemm.wgrad(dy, x, r, seed=4, emulate=True)}
     operands = dict(zip(approx, products))
     exact = {"fprop": gemm.fp32_mm(x, w.t()), "dgrad": gemm.fp32_mm(dy, w), "wgrad": gemm.fp32_mm(dy.t(), x)}
+    # every row sampled and dW the exact product: e_wgrad is the relative error of the sample's wgrad
+    rec = SimpleNamespace(x=x, dy=dy, weight=w, rows=torch.arange(77), shape=SimpleNamespace(tokens=77),
+                          weight_grad=exact["wgrad"])
     got = gemm_errors(rec, (name, "bf16"), seed=4)
     assert got["bf16"] == {"fprop": 0.0, "dgrad": 0.0, "wgrad": 0.0}
     for g, y in approx.items():

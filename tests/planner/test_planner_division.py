@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from cuda_division import CudaScalarDivision, bits
+from planner.cost import LayerShape
 from planner.qerror import gemm_errors
 from planner.stats import LayerRecording, adam_preconditioner
 from snip_ops.formats import GEMMS
@@ -28,8 +29,8 @@ def _trained_adamw() -> torch.optim.AdamW:
 def _planner_outputs(opt: torch.optim.AdamW) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(6)
     x, w, dy = torch.randn(37, 200, generator=g), torch.randn(24, 200, generator=g) * 1e-2, torch.randn(37, 24, generator=g)
-    rec = LayerRecording(shape=None, x=x, rows=torch.arange(x.shape[0]), dy=dy, weight=w, out_rms=1.0, grad_out_rms=1.0,
-                         weight_grad=w)
+    rec = LayerRecording(shape=LayerShape("l", 200, 24, 37), x=x, rows=torch.arange(x.shape[0]), dy=dy, weight=w,
+                         out_rms=1.0, grad_out_rms=1.0, weight_grad=w)
     out = [torch.tensor([e[k] for k in GEMMS], dtype=torch.float64)
            for e in gemm_errors(rec, ("fp8", "fp4", "nvfp4", "mxfp4"), seed=2).values()]
     params = opt.param_groups[0]["params"]
