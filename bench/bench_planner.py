@@ -6,7 +6,7 @@
     python bench/bench_planner.py horizon     # WD's horizon without logits (gradient variance) vs with (Gauss-Newton)
     python bench/bench_planner.py staleness   # how stale a plan goes within a re-plan interval (the drift trigger)
     python bench/bench_planner.py wgrad_error # e_wgrad from the row sample vs the whole batch's
-    python bench/bench_planner.py wd_scale    # WD's size vs the loss that amplified FP4 backward errors cost
+    python bench/bench_planner.py scale       # LD's and WD's size vs the loss that amplified FP4 errors cost
     python bench/bench_planner.py quality     # SNIP vs the heuristics vs bf16: presets x phases x budgets x seeds
     python bench/bench_planner.py schedule    # a precision schedule vs a constant budget at the same mean FP4 share
     python bench/bench_planner.py swap --raise A,B --lower C,D   # SNIP's plan with layers moved: predicted vs trained
@@ -587,26 +587,35 @@ def bench_wgrad_error(args) -> None:
     write("wgrad-error", {"preset": args.preset, "seeds": args.seeds, "rows": rows}, "\n".join(md))
 
 
-class AmplifiedBackwardError:
-    """Hooks for `continue_from`: every planned linear layer (those `convert` swaps, kept in bf16) computes its
-    dgrad or wgrad exactly and adds `amplify` times the error that GEMM makes under `precision` on the same
-    operands (the layer's own stochastic-rounding bits, fresh every step): the backward noise a plan with that
-    GEMM in `precision` everywhere would add, with `amplify`^2 its energy and its structure, and no forward
-    error. The backward-only ground truth of WD, at a size that 100-step runs can resolve."""
+class AmplifiedError:
+    """Hooks for `continue_from`: every planned linear layer (those `convert` swaps, kept in bf16) computes one of
+    its GEMMs exactly and adds `amplify` times the error that GEMM makes under `precision` on the same operands (the
+    layer's own stochastic-rounding bits, fresh every step; in evaluation too for fprop). `amplify` 1 is that GEMM in
+    `precision` in every layer; larger factors keep the error's structure and multiply its energy by amplify^2: a
+    ground truth of LD (fprop) or WD (dgrad, wgrad) that runs of a hundred steps resolve."""
 
     def __init__(self, gemm: str, precision: str, amplify: float):
-        if gemm not in ("dgrad", "wgrad"):
-            raise ValueError(f"gemm must be dgrad or wgrad, got {gemm!r}")
+        if gemm not in GEMMS:
+            raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
         self.gemm, self.recipe, self.amplify, self.step = gemm, recipe(precision), amplify, 0
 
     def on_setup(self, model, opt) -> None:
         convert(model)  # bf16: the same numbers as the unconverted model (and the same layers as the planner's)
+        add = {"fprop": self._fprop, "dgrad": self._dgrad, "wgrad": self._wgrad}[self.gemm]
         for name, module in model.named_modules():
             if isinstance(module, SnipLinear):
-                (self._dgrad if self.gemm == "dgrad" else self._wgrad)(module, layer_seed(name))
+                add(module, layer_seed(name))
 
     def on_step(self, step, model, batch) -> None:
         self.step = step
+
+    def _fprop(self, module, seed: int) -> None:
+        def hook(mod, args, out):
+            x = args[0].detach().reshape(-1, mod.in_features).float()
+            w = mod.weight.detach().float()
+            error = snip_gemm.fprop(x, w, self.recipe, seed=seed, offset=self.step, emulate=True) - snip_gemm.fp32_mm(x, w.t())
+            return out + (self.amplify * error).reshape(out.shape).to(out.dtype)
+        module.register_forward_hook(hook)
 
     def _dgrad(self, module, seed: int) -> None:
         def hook(mod, grad_input, grad_output):
@@ -633,24 +642,28 @@ class AmplifiedBackwardError:
         module.weight.register_hook(add_error)
 
 
-def bench_wd_scale(args) -> None:
-    """WD's size against the backward-only ground truth, at every layer at once (one layer's effect is below the
-    noise of these runs): from each checkpoint, `steps` steps with every layer's dgrad (or wgrad) error under FP4
-    amplified `amplify` times (AmplifiedBackwardError), paired with bf16 per seed, against amplify^2 times the
-    planner's WD of that GEMM in FP4 summed over the layers, measured at the checkpoint with the horizon of the
-    whole run along its learning rates (the planner's WD over its re-plan interval is the same thing for one
-    interval)."""
-    cache = CACHE / f"wd-scale-{args.steps}-{args.amplify:g}.json"
+def bench_scale(args) -> None:
+    """LD's and WD's size against ground truths at every layer at once (one layer's effect is below the noise of
+    these runs): from each checkpoint, `steps` steps with every layer's fprop, dgrad or wgrad error under FP4
+    amplified `amplify` times (AmplifiedError), paired with bf16 per seed, against amplify^2 times the planner's LD
+    (fprop) or WD (dgrad, wgrad) of that GEMM in FP4 summed over the layers, measured at the checkpoint, WD with the
+    horizon of the whole run along its learning rates (the planner's WD over its re-plan interval is the same thing
+    for one interval). The validation loss is that of the model as trained, its forward error included (fprop)."""
+    cache = CACHE / f"scale-{args.steps}-{args.amplify:g}.json"
     done = json.loads(cache.read_text()) if cache.exists() else {}
     rows = []
     for phase in args.phases:
         ckpt = checkpoint(phase)
-        model, opt, layers = model_at(ckpt)
         lrs = learning_rates(branch_config(ckpt, args.steps, 0))
         config = DivergenceConfig(wd_horizon=args.steps)
-        stats = measure(model, layers, opt, calibration_batch(), lambda m, b: m.loss(b), ("fp4",), StatsConfig(), config,
-                        logits_fn=lm_logits, lr_ratios=[lrs(s) / lrs(0) for s in range(args.steps)])
-        for gemm in ("dgrad", "wgrad"):
+
+        def stats_of(state: dict) -> PlannerStats:
+            model, opt, layers = model_at(state)
+            return measure(model, layers, opt, calibration_batch(), lambda m, b: m.loss(b), ("fp4",), StatsConfig(),
+                           config, logits_fn=lm_logits, lr_ratios=[lrs(s) / lrs(0) for s in range(args.steps)])
+        # at the branch's start, and `steps` later on the bf16 trajectory (constant lr): how stale the first is
+        stats, later = stats_of(ckpt), stats_of(checkpoint(phase + args.steps))
+        for gemm in GEMMS:
             gaps = []
             for seed in args.seeds:
                 key = f"{phase}/{gemm}/{seed}"
@@ -659,28 +672,33 @@ def bench_wd_scale(args) -> None:
                     if ref is None:
                         ref = done[f"{phase}/bf16/{seed}"] = continue_from(ckpt, args.steps, seed, evals=1,
                                                                            eval_batches=args.eval_batches)["final_val_loss"]
-                    noisy = continue_from(ckpt, args.steps, seed, hooks=AmplifiedBackwardError(gemm, "fp4", args.amplify),
+                    noisy = continue_from(ckpt, args.steps, seed, hooks=AmplifiedError(gemm, "fp4", args.amplify),
                                           evals=1, eval_batches=args.eval_batches)["final_val_loss"]
                     done[key] = noisy - ref
                     cache.write_text(json.dumps(done))
                     print(f"phase {phase} {gemm} seed {seed}: gap {done[key]:+.5f}", flush=True)
                 gaps.append(done[key])
-            predicted = args.amplify ** 2 * sum(s.wd("fp4", gemm) for s in stats.layers)
+            predicted, predicted_later = (args.amplify ** 2 * sum(s.ld("fp4") if gemm == "fprop" else s.wd("fp4", gemm)
+                                                                  for s in st.layers) for st in (stats, later))
             mean = statistics.mean(gaps)
             se = statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else 0.0
-            rows.append({"phase": phase, "gemm": gemm, "predicted": predicted, "gaps": gaps, "mean_gap": mean,
-                         "standard_error": se, "ratio": mean / predicted if predicted else float("nan")})
+            rows.append({"phase": phase, "gemm": gemm, "predicted": predicted, "predicted_later": predicted_later,
+                         "gaps": gaps, "mean_gap": mean, "standard_error": se,
+                         "ratio": mean / predicted if predicted else float("nan")})
     md = [f"Tiny preset; from each bf16 checkpoint, {args.steps} steps (cosine decay to lr/10) with every planned "
-          f"layer's dgrad or wgrad error under FP4 amplified {args.amplify:g}x (its own structure and stochastic-rounding "
-          f"bits, energy x{args.amplify ** 2:g}; forward and the other backward GEMM exact), seeds {args.seeds}, each "
-          f"paired with bf16 on the same batches; gap: final validation loss ({args.eval_batches} batches) minus bf16's. "
-          f"Predicted: {args.amplify ** 2:g} x the sum over layers of the planner's WD of that GEMM in FP4 (WD within "
-          f"the run's {args.steps} steps along its learning rates, measured at the checkpoint).", "",
-          "| checkpoint | noisy GEMM | predicted (nats) | measured gap: mean +- SE | per seed | measured / predicted |",
-          "|---|---|---|---|---|---|"]
-    md += [f"| {r['phase']} | {r['gemm']} | {r['predicted']:.4f} | {r['mean_gap']:+.4f} +- {r['standard_error']:.4f} | "
-           + ", ".join(f"{g:+.4f}" for g in r["gaps"]) + f" | {r['ratio']:.2f} |" for r in rows]
-    write("wd-scale", {"steps": args.steps, "amplify": args.amplify, "seeds": args.seeds, "rows": rows}, "\n".join(md))
+          f"layer's fprop, dgrad or wgrad error under FP4 amplified {args.amplify:g}x (its own structure and "
+          f"stochastic-rounding bits, energy x{args.amplify ** 2:g}; the other two GEMMs exact), seeds {args.seeds}, each "
+          f"paired with bf16 on the same batches; gap: final validation loss ({args.eval_batches} batches, fprop error "
+          f"included) minus bf16's. Predicted: {args.amplify ** 2:g} x the sum over layers of the planner's LD (fprop) or "
+          f"WD (dgrad, wgrad) of that GEMM in FP4, measured at the checkpoint (WD within the run's {args.steps} steps "
+          f"along its learning rates); 'later': the same measured {args.steps} steps further along the bf16 trajectory "
+          "(constant lr), near where the runs end.", "",
+          "| checkpoint | GEMM | predicted (nats) | predicted later | measured gap: mean +- SE | per seed | "
+          "measured / predicted |", "|---|---|---|---|---|---|---|"]
+    md += [f"| {r['phase']} | {r['gemm']} | {r['predicted']:.4f} | {r['predicted_later']:.4f} | {r['mean_gap']:+.4f} +- "
+           f"{r['standard_error']:.4f} | " + ", ".join(f"{g:+.4f}" for g in r["gaps"]) + f" | {r['ratio']:.2f} |"
+           for r in rows]
+    write("scale", {"steps": args.steps, "amplify": args.amplify, "seeds": args.seeds, "rows": rows}, "\n".join(md))
 
 
 def bench_horizon(args) -> None:
@@ -1219,7 +1237,7 @@ def bench_demo(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("cost", "validity", "horizon", "wgrad_error", "wd_scale", "staleness", "quality",
+    p.add_argument("what", choices=("cost", "validity", "horizon", "wgrad_error", "scale", "staleness", "quality",
                                    "schedule", "swap", "demo"))
     p.add_argument("--steps", type=int, default=None, help="training steps per run")
     p.add_argument("--seeds", type=lambda s: [int(v) for v in s.split(",")], default=None)
@@ -1243,7 +1261,7 @@ def main() -> None:
     p.add_argument("--claim", default="snip", help="quality: the method judged against every heuristic in the grid")
     p.add_argument("--report-only", action="store_true", help="quality: tabulate the runs already trained")
     p.add_argument("--eval-batches", type=int, default=64,
-                   help="quality, wd_scale: validation batches per evaluation, the same for every branch; the paired gap's "
+                   help="quality, scale: validation batches per evaluation, the same for every branch; the paired gap's "
                         "sampling error falls as 1/sqrt of it (default: %(default)s)")
     p.add_argument("--raise", dest="raise_layers", type=lambda s: s.split(","), default=None,
                    help="swap: layers (name suffixes) SNIP's plan also keeps in fp8")
@@ -1259,7 +1277,7 @@ def main() -> None:
     p.add_argument("--ilp-only", action="store_true",
                    help="cost: re-time the ILP only, keeping the measurement section of the last full run")
     p.add_argument("--amplify", type=float, default=3.0,
-                   help="wd_scale: the factor on every layer's FP4 backward error (default: %(default)s)")
+                   help="scale: the factor on every layer's FP4 GEMM error (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: on a shared 2-core machine two threads oversubscribe)")
     p.add_argument("--results", type=Path, default=None, help="where the results go (default: bench/results)")
@@ -1269,7 +1287,7 @@ def main() -> None:
         RESULTS = args.results
     torch.set_num_threads(args.threads)
     defaults = {"validity": (30, [0, 1], None), "horizon": (0, [0], 50), "staleness": (0, [0], 50),
-                "wgrad_error": (0, [0, 1, 2, 3], 0), "wd_scale": (100, [0, 1, 2, 3], 0),
+                "wgrad_error": (0, [0, 1, 2, 3], 0), "scale": (100, [0, 1, 2, 3], 0),
                 "quality": (100, [0, 1, 2], 50),
                 "schedule": (200, [0, 1, 2], 25),
                 "swap": (100, [0, 1, 2, 3], 0),
@@ -1284,7 +1302,7 @@ def main() -> None:
     if schedule and len(args.budgets) != 3:
         p.error("schedule takes --budgets BEFORE_DECAY,AFTER_DECAY,CONSTANT")
     {"cost": bench_cost, "validity": bench_validity, "horizon": bench_horizon, "wgrad_error": bench_wgrad_error,
-     "wd_scale": bench_wd_scale,
+     "scale": bench_scale,
      "staleness": bench_staleness,
      "quality": bench_quality,
      "schedule": bench_schedule, "swap": bench_swap, "demo": bench_demo}[args.what](args)

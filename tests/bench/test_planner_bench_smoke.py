@@ -59,10 +59,10 @@ def test_wgrad_error(tmp_path):
     assert all(0 < row[k]["min"] <= row[k]["median"] <= row[k]["max"] for k in ("own", "scaled"))
 
 
-def test_wd_scale(tmp_path):
-    _bench(tmp_path, "wd_scale", "--phases", "2", "--steps", "2", "--seeds", "0,1", "--eval-batches", "1")
-    out = json.loads((tmp_path / "cpu-planner-wd-scale.json").read_text())
-    assert [(r["phase"], r["gemm"]) for r in out["rows"]] == [(2, "dgrad"), (2, "wgrad")]
+def test_scale(tmp_path):
+    _bench(tmp_path, "scale", "--phases", "2", "--steps", "2", "--seeds", "0,1", "--eval-batches", "1")
+    out = json.loads((tmp_path / "cpu-planner-scale.json").read_text())
+    assert [(r["phase"], r["gemm"]) for r in out["rows"]] == [(2, "fprop"), (2, "dgrad"), (2, "wgrad")]
     assert all(r["predicted"] > 0 and len(r["gaps"]) == 2 for r in out["rows"])
 
 
