@@ -645,11 +645,13 @@ class AmplifiedError:
 def bench_scale(args) -> None:
     """LD's and WD's size against ground truths at every layer at once (one layer's effect is below the noise of
     these runs): from each checkpoint, `steps` steps with every layer's fprop, dgrad or wgrad error under FP4
-    amplified `amplify` times (AmplifiedError), paired with bf16 per seed, against amplify^2 times the planner's LD
-    (fprop) or WD (dgrad, wgrad) of that GEMM in FP4 summed over the layers, measured at the checkpoint, WD with the
-    horizon of the whole run along its learning rates (the planner's WD over its re-plan interval is the same thing
-    for one interval). The validation loss is that of the model as trained, its forward error included (fprop)."""
-    cache = CACHE / f"scale-{args.steps}-{args.amplify:g}.json"
+    amplified k times (AmplifiedError, k in `amplify`), paired with bf16 per seed, against k^2 times the planner's
+    LD (fprop) or WD (dgrad, wgrad) of that GEMM in FP4 summed over the layers, measured at the checkpoint, WD with
+    the horizon of the whole run along its learning rates (the planner's WD over its re-plan interval is the same
+    thing for one interval). The validation loss is that of the model as trained, its forward error included
+    (fprop). Two factors give the measured exponent of the gap in k: 2 where the loss is quadratic in the error, as
+    LD and WD assume, and larger where a bigger error starts to cost out of proportion."""
+    cache = CACHE / f"scale-{args.steps}.json"  # {"phase/bf16/seed": val loss, "phase/gemm/k/seed": gap}
     done = json.loads(cache.read_text()) if cache.exists() else {}
     rows = []
     for phase in args.phases:
@@ -664,40 +666,47 @@ def bench_scale(args) -> None:
         # at the branch's start, and `steps` later on the bf16 trajectory (constant lr): how stale the first is
         stats, later = stats_of(ckpt), stats_of(checkpoint(phase + args.steps))
         for gemm in GEMMS:
-            gaps = []
-            for seed in args.seeds:
-                key = f"{phase}/{gemm}/{seed}"
-                if key not in done:
-                    ref = done.get(f"{phase}/bf16/{seed}")
-                    if ref is None:
-                        ref = done[f"{phase}/bf16/{seed}"] = continue_from(ckpt, args.steps, seed, evals=1,
-                                                                           eval_batches=args.eval_batches)["final_val_loss"]
-                    noisy = continue_from(ckpt, args.steps, seed, hooks=AmplifiedError(gemm, "fp4", args.amplify),
-                                          evals=1, eval_batches=args.eval_batches)["final_val_loss"]
-                    done[key] = noisy - ref
-                    cache.write_text(json.dumps(done))
-                    print(f"phase {phase} {gemm} seed {seed}: gap {done[key]:+.5f}", flush=True)
-                gaps.append(done[key])
-            predicted, predicted_later = (args.amplify ** 2 * sum(s.ld("fp4") if gemm == "fprop" else s.wd("fp4", gemm)
-                                                                  for s in st.layers) for st in (stats, later))
-            mean = statistics.mean(gaps)
-            se = statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else 0.0
-            rows.append({"phase": phase, "gemm": gemm, "predicted": predicted, "predicted_later": predicted_later,
-                         "gaps": gaps, "mean_gap": mean, "standard_error": se,
-                         "ratio": mean / predicted if predicted else float("nan")})
+            unit, unit_later = (sum(s.ld("fp4") if gemm == "fprop" else s.wd("fp4", gemm) for s in st.layers)
+                                for st in (stats, later))
+            for k in args.amplify:
+                gaps = []
+                for seed in args.seeds:
+                    key = f"{phase}/{gemm}/{k:g}/{seed}"
+                    if key not in done:
+                        ref = f"{phase}/bf16/{seed}"
+                        if ref not in done:
+                            done[ref] = continue_from(ckpt, args.steps, seed, evals=1,
+                                                      eval_batches=args.eval_batches)["final_val_loss"]
+                        noisy = continue_from(ckpt, args.steps, seed, hooks=AmplifiedError(gemm, "fp4", k), evals=1,
+                                              eval_batches=args.eval_batches)["final_val_loss"]
+                        done[key] = noisy - done[ref]
+                        cache.write_text(json.dumps(done))
+                        print(f"phase {phase} {gemm} x{k:g} seed {seed}: gap {done[key]:+.5f}", flush=True)
+                    gaps.append(done[key])
+                mean = statistics.mean(gaps)
+                rows.append({"phase": phase, "gemm": gemm, "amplify": k, "predicted": k ** 2 * unit,
+                             "predicted_later": k ** 2 * unit_later, "gaps": gaps, "mean_gap": mean,
+                             "standard_error": statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else 0.0,
+                             "ratio": mean / (k ** 2 * unit) if unit else float("nan")})
+            if len(args.amplify) > 1:
+                lo, hi = rows[-len(args.amplify)], rows[-1]
+                ok = lo["mean_gap"] > 0 and hi["mean_gap"] > 0
+                hi["exponent"] = (math.log(hi["mean_gap"] / lo["mean_gap"]) / math.log(hi["amplify"] / lo["amplify"])
+                                  if ok else float("nan"))
     md = [f"Tiny preset; from each bf16 checkpoint, {args.steps} steps (cosine decay to lr/10) with every planned "
-          f"layer's fprop, dgrad or wgrad error under FP4 amplified {args.amplify:g}x (its own structure and "
-          f"stochastic-rounding bits, energy x{args.amplify ** 2:g}; the other two GEMMs exact), seeds {args.seeds}, each "
-          f"paired with bf16 on the same batches; gap: final validation loss ({args.eval_batches} batches, fprop error "
-          f"included) minus bf16's. Predicted: {args.amplify ** 2:g} x the sum over layers of the planner's LD (fprop) or "
-          f"WD (dgrad, wgrad) of that GEMM in FP4, measured at the checkpoint (WD within the run's {args.steps} steps "
-          f"along its learning rates); 'later': the same measured {args.steps} steps further along the bf16 trajectory "
-          "(constant lr), near where the runs end.", "",
-          "| checkpoint | GEMM | predicted (nats) | predicted later | measured gap: mean +- SE | per seed | "
-          "measured / predicted |", "|---|---|---|---|---|---|---|"]
-    md += [f"| {r['phase']} | {r['gemm']} | {r['predicted']:.4f} | {r['predicted_later']:.4f} | {r['mean_gap']:+.4f} +- "
-           f"{r['standard_error']:.4f} | " + ", ".join(f"{g:+.4f}" for g in r["gaps"]) + f" | {r['ratio']:.2f} |"
-           for r in rows]
+          f"layer's fprop, dgrad or wgrad error under FP4 amplified k = {', '.join(f'{k:g}' for k in args.amplify)} times "
+          f"(its own structure and stochastic-rounding bits, energy x k^2; the other two GEMMs exact), seeds {args.seeds}, "
+          f"each paired with bf16 on the same batches; gap: final validation loss ({args.eval_batches} batches, fprop "
+          "error included) minus bf16's. Predicted: k^2 x the sum over layers of the planner's LD (fprop) or WD (dgrad, "
+          f"wgrad) of that GEMM in FP4, measured at the checkpoint (WD within the run's {args.steps} steps along its "
+          f"learning rates); 'later': the same measured {args.steps} steps further along the bf16 trajectory (constant "
+          "lr), near where the runs end. Exponent: of the measured gap in k between the smallest and the largest k (2: "
+          "quadratic, as LD and WD assume).", "",
+          "| checkpoint | GEMM | k | predicted (nats) | predicted later | measured gap: mean +- SE | per seed | "
+          "measured / predicted | exponent |", "|---|---|---|---|---|---|---|---|---|"]
+    md += [f"| {r['phase']} | {r['gemm']} | {r['amplify']:g} | {r['predicted']:.4f} | {r['predicted_later']:.4f} | "
+           f"{r['mean_gap']:+.4f} +- {r['standard_error']:.4f} | " + ", ".join(f"{g:+.4f}" for g in r["gaps"])
+           + f" | {r['ratio']:.2f} | " + (f"{r['exponent']:.1f}" if "exponent" in r else "") + " |" for r in rows]
     write("scale", {"steps": args.steps, "amplify": args.amplify, "seeds": args.seeds, "rows": rows}, "\n".join(md))
 
 
@@ -1276,8 +1285,8 @@ def main() -> None:
                    help="staleness: steps after each phase at which its plan is judged (default: 0,10,50)")
     p.add_argument("--ilp-only", action="store_true",
                    help="cost: re-time the ILP only, keeping the measurement section of the last full run")
-    p.add_argument("--amplify", type=float, default=3.0,
-                   help="scale: the factor on every layer's FP4 GEMM error (default: %(default)s)")
+    p.add_argument("--amplify", type=lambda s: [float(v) for v in s.split(",")], default=[2.0, 3.0],
+                   help="scale: the factors on every layer's FP4 GEMM error (default: 2,3)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: on a shared 2-core machine two threads oversubscribe)")
     p.add_argument("--results", type=Path, default=None, help="where the results go (default: bench/results)")

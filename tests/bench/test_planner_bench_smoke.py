@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -60,10 +62,13 @@ def test_wgrad_error(tmp_path):
 
 
 def test_scale(tmp_path):
-    _bench(tmp_path, "scale", "--phases", "2", "--steps", "2", "--seeds", "0,1", "--eval-batches", "1")
+    _bench(tmp_path, "scale", "--phases", "2", "--steps", "2", "--seeds", "0,1", "--eval-batches", "1", "--amplify", "1,2")
     out = json.loads((tmp_path / "cpu-planner-scale.json").read_text())
-    assert [(r["phase"], r["gemm"]) for r in out["rows"]] == [(2, "fprop"), (2, "dgrad"), (2, "wgrad")]
+    assert [(r["phase"], r["gemm"], r["amplify"]) for r in out["rows"]] == [
+        (2, g, k) for g in ("fprop", "dgrad", "wgrad") for k in (1.0, 2.0)]
     assert all(r["predicted"] > 0 and len(r["gaps"]) == 2 for r in out["rows"])
+    for unit, twice in zip(out["rows"][::2], out["rows"][1::2]):  # the prediction is quadratic in the factor
+        assert twice["predicted"] == pytest.approx(4 * unit["predicted"]) and "exponent" in twice
 
 
 def test_horizon(tmp_path):
