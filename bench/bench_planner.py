@@ -668,6 +668,7 @@ def bench_scale(args) -> None:
         for gemm in GEMMS:
             unit, unit_later = (sum(s.ld("fp4") if gemm == "fprop" else s.wd("fp4", gemm) for s in st.layers)
                                 for st in (stats, later))
+            per_factor = []
             for k in args.amplify:
                 gaps = []
                 for seed in args.seeds:
@@ -684,15 +685,16 @@ def bench_scale(args) -> None:
                         print(f"phase {phase} {gemm} x{k:g} seed {seed}: gap {done[key]:+.5f}", flush=True)
                     gaps.append(done[key])
                 mean = statistics.mean(gaps)
-                rows.append({"phase": phase, "gemm": gemm, "amplify": k, "predicted": k ** 2 * unit,
-                             "predicted_later": k ** 2 * unit_later, "gaps": gaps, "mean_gap": mean,
-                             "standard_error": statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else 0.0,
-                             "ratio": mean / (k ** 2 * unit) if unit else float("nan")})
-            if len(args.amplify) > 1:
-                lo, hi = rows[-len(args.amplify)], rows[-1]
+                per_factor.append({"phase": phase, "gemm": gemm, "amplify": k, "predicted": k ** 2 * unit,
+                                   "predicted_later": k ** 2 * unit_later, "gaps": gaps, "mean_gap": mean,
+                                   "standard_error": statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else 0.0,
+                                   "ratio": mean / (k ** 2 * unit) if unit else float("nan")})
+            if len(per_factor) > 1:
+                lo, hi = per_factor[0], per_factor[-1]
                 ok = lo["mean_gap"] > 0 and hi["mean_gap"] > 0
                 hi["exponent"] = (math.log(hi["mean_gap"] / lo["mean_gap"]) / math.log(hi["amplify"] / lo["amplify"])
                                   if ok else float("nan"))
+            rows += per_factor
     md = [f"Tiny preset; from each bf16 checkpoint, {args.steps} steps (cosine decay to lr/10) with every planned "
           f"layer's fprop, dgrad or wgrad error under FP4 amplified k = {', '.join(f'{k:g}' for k in args.amplify)} times "
           f"(its own structure and stochastic-rounding bits, energy x k^2; the other two GEMMs exact), seeds {args.seeds}, "
@@ -881,9 +883,6 @@ class WeightedWD:
                 dataclasses.replace(s, s_dgrad=s.s_dgrad * self.weights["dgrad"], s_wgrad=s.s_wgrad * self.weights["wgrad"])
                 for s in stats.layers))
         self.hooks.planner.measure = weighted
-
-    def on_step(self, step, model, batch):
-        return self.hooks.on_step(step, model, batch)
 
 
 def run_quality(run: QualityRun) -> dict:
