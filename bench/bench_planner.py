@@ -38,6 +38,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -796,15 +797,23 @@ HEURISTICS = ("uniform_fp4", "first_last", "layer_type", "min_rel_error", "min_a
 # are snip_horizon_gemm; snip_lrs_gemm is them planned as `snip train` plans, along the run's learning rates.
 SNIP_VARIANTS = {"snip": {}, "snip_ld": {"terms": "ld"}, "snip_wd": {"terms": "wd"}, "snip_lam0.1": {"lam": 0.1},
                  "snip_horizon": {"wd_horizon": "interval"}, "snip_lrs": {"wd_horizon": "interval"},
-                 "snip_cal": {"wd_horizon": "interval"}}
+                 "snip_cal": {"wd_horizon": "interval"}, "snip_oracle": {"wd_horizon": "interval"}}
 # SNIP variants whose WD horizon follows the branch's learning-rate decay (SnipPlanner's lr_schedule)
-LR_SCHEDULED = ("snip_lrs", "snip_cal")
+LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle")
 # snip_cal: snip_lrs with each backward GEMM's WD times the loss it measurably costs per unit of predicted WD,
 # relative to LD's (bench scale, bench/results/cpu-planner-scale.md: the geometric mean over the three checkpoints
 # of (measured / predicted for the GEMM) / (measured / predicted for fprop) is 1.61-1.68 for dgrad and 0.13-0.16
 # for wgrad at 2x-3x amplified FP4 errors). Fit on the tiny preset's checkpoints the quality grid starts from, so
 # an in-sample diagnostic of how much of SNIP's gap WD's calibration explains, not a method
 CALIBRATED_WD = {"snip_cal": {"dgrad": 1.65, "wgrad": 0.16}}
+# snip_oracle: snip_lrs whose LD foresees how each layer's curvature grows while a plan lives. Every re-plan's
+# measured curvature is multiplied by that layer's growth along the bf16 trajectory over the branch (its
+# curvature at the checkpoint `steps` later over that at the branch's, geometric mean over the calibration
+# batches FORESIGHT_BATCHES, FORESIGHT_DRAWS Fisher draws each), raised to interval / steps: the growth within one
+# plan's life at a constant rate. Foresight no planner has: a diagnostic of how much of SNIP's early gap LD's
+# staleness explains (LD grows up to 60x per 100 steps at the 100-step checkpoint, bench staleness), not a method
+FORESIGHT = ("snip_oracle",)
+FORESIGHT_BATCHES, FORESIGHT_DRAWS = (7, 8), 8
 ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
 # a planned method's name + GEMM_SUFFIX: the same method with one precision per GEMM instead of per layer
 GEMM_SUFFIX = "_gemm"
@@ -864,11 +873,12 @@ class QualityRun:
                 f"e{self.eval_batches}")
 
 
-class WeightedWD:
-    """Planner hooks whose planner solves with each backward GEMM's WD times a weight (CALIBRATED_WD)."""
+class AdjustedStats:
+    """Planner hooks whose planner solves with every measured layer's statistics passed through `adjust`
+    (LayerStats -> LayerStats); otherwise the hooks they wrap."""
 
-    def __init__(self, hooks, weights: dict[str, float]):
-        self.hooks, self.weights = hooks, weights
+    def __init__(self, hooks, adjust: Callable[[LayerStats], LayerStats]):
+        self.hooks, self.adjust = hooks, adjust
 
     def __getattr__(self, name):
         return getattr(self.hooks, name)
@@ -877,12 +887,38 @@ class WeightedWD:
         self.hooks.on_setup(model, opt)
         measure = self.hooks.planner.measure
 
-        def weighted(*args, **kwargs) -> PlannerStats:
+        def adjusted(*args, **kwargs) -> PlannerStats:
             stats = measure(*args, **kwargs)
-            return dataclasses.replace(stats, layers=tuple(
-                dataclasses.replace(s, s_dgrad=s.s_dgrad * self.weights["dgrad"], s_wgrad=s.s_wgrad * self.weights["wgrad"])
-                for s in stats.layers))
-        self.hooks.planner.measure = weighted
+            return dataclasses.replace(stats, layers=tuple(self.adjust(s) for s in stats.layers))
+        self.hooks.planner.measure = adjusted
+
+
+def weighted_wd(weights: dict[str, float]) -> Callable[[LayerStats], LayerStats]:
+    """Each backward GEMM's WD times its weight (CALIBRATED_WD)."""
+    return lambda s: dataclasses.replace(s, s_dgrad=s.s_dgrad * weights["dgrad"], s_wgrad=s.s_wgrad * weights["wgrad"])
+
+
+def foreseen_ld(growth: dict[str, float], power: float) -> Callable[[LayerStats], LayerStats]:
+    """Each layer's curvature (so its LD) times its growth (`ld_growth`) to the power `power`."""
+    return lambda s: dataclasses.replace(s, curvature=s.curvature * growth[s.name] ** power)
+
+
+def ld_growth(preset: str, phase: int, steps: int) -> dict[str, float]:
+    """{layer: its curvature at the `phase + steps`-step checkpoint over that at the `phase`-step one}, the
+    geometric mean over the pair of calibration batches FORESIGHT_BATCHES (cached: the workers only read it)."""
+    path = CACHE / f"ld-growth-{preset}-{phase}-{steps}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    now, later = ([stats_at(checkpoint(p, preset), FORESIGHT_DRAWS, calibration_seed=b).by_name()
+                   for b in FORESIGHT_BATCHES] for p in (phase, phase + steps))
+    floor = 1e-12  # a layer the Fisher draws found flat: no growth to read, a bounded ratio instead of inf / nan
+    product = dict.fromkeys(now[0], 1.0)  # the product of the two batches' ratios
+    for before, after in zip(now, later):
+        for n in product:
+            product[n] = product[n] * max(after[n].curvature, floor) / max(before[n].curvature, floor)
+    growth = {n: math.sqrt(p) for n, p in product.items()}
+    path.write_text(json.dumps(growth))
+    return growth
 
 
 def run_quality(run: QualityRun) -> dict:
@@ -904,7 +940,9 @@ def run_quality(run: QualityRun) -> dict:
         hooks = make_hooks(planner_config(run.method, run.budget, run.interval), show_table=False, log=lambda m: None,
                            lr_schedule=lr_schedule)
         if base_method(run.method) in CALIBRATED_WD:
-            hooks = WeightedWD(hooks, CALIBRATED_WD[base_method(run.method)])
+            hooks = AdjustedStats(hooks, weighted_wd(CALIBRATED_WD[base_method(run.method)]))
+        if base_method(run.method) in FORESIGHT:
+            hooks = AdjustedStats(hooks, foreseen_ld(ld_growth(run.preset, run.phase, run.steps), run.interval / run.steps))
         summary = continue_from(ckpt, run.steps, run.seed, hooks=hooks, **evaluate)
     plans = [dict(h) for h in hooks.planner.history] if hooks else []
     for summary_of_plan, plan in zip(plans, hooks.plans if hooks else []):  # which layer got which precision
@@ -931,8 +969,18 @@ def quality_grid(args) -> list[QualityRun]:
     return list({r.key: r for r in runs}.values())
 
 
+def kept_above_fp4(results: list[dict]) -> dict[str, float] | None:
+    """Of the GEMMs that a method's plans (every re-plan of every seed) keep above FP4, the share of each kind
+    (fprop, dgrad, wgrad; by count); None for a method without plans (bf16, uniform FP4) or that keeps none."""
+    counts = collections.Counter(g for r in results for plan in r["plans"] for p in plan["precisions"].values()
+                                 for g in GEMMS if (p if isinstance(p, str) else p[g]) != "fp4")
+    total = sum(counts.values())
+    return {g: counts[g] / total for g in GEMMS} if total else None
+
+
 def quality_table(runs: list[QualityRun], done: dict, budgets, phases, seeds) -> dict:
-    """Per (phase, budget): per method, the paired gaps to bf16 per seed, their mean and spread, the FP4 share."""
+    """Per (phase, budget): per method, the paired gaps to bf16 per seed, their mean and spread, the FP4 share,
+    which GEMMs its plans keep above FP4."""
     table = {}
     for phase in phases:
         for budget in budgets:
@@ -950,6 +998,7 @@ def quality_table(runs: list[QualityRun], done: dict, budgets, phases, seeds) ->
                 cell[r.method] = {"gap_per_seed": gaps, "mean_gap": statistics.mean(gaps),
                                   "std_gap": statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
                                   "fp4_fraction": statistics.mean(m["fp4_fraction"] for m in mine),
+                                  "kept_above_fp4": kept_above_fp4(mine),
                                   "final_val_loss": [m["final_val_loss"] for m in mine]}
             if cell:
                 table[f"{phase}/{budget}"] = cell
@@ -1008,6 +1057,8 @@ def bench_quality(args) -> None:
     done = json.loads(cache.read_text()) if cache.exists() else {}
     for phase in args.phases:  # before the workers start, so that they only read them
         checkpoint(phase, args.preset)
+        if any(base_method(m) in FORESIGHT for m in {r.method for r in runs}):
+            ld_growth(args.preset, phase, args.steps)
     todo = [r for r in runs if r.key not in done and not args.report_only]
     print(f"quality: {len(runs)} runs, {len(todo)} to train, {args.workers} workers", flush=True)
     t0 = time.perf_counter()
@@ -1035,20 +1086,27 @@ def bench_quality(args) -> None:
           f"(SnipPlanner's lr_schedule, as snip train plans) instead of held at the re-plan step's; snip_cal: snip_lrs "
           f"with dgrad's WD times {CALIBRATED_WD['snip_cal']['dgrad']:g} and wgrad's times "
           f"{CALIBRATED_WD['snip_cal']['wgrad']:g}, their loss per unit of WD relative to LD's in bench scale on these "
-          f"checkpoints (an in-sample diagnostic); *{GEMM_SUFFIX}: one precision per GEMM (forward, dgrad, wgrad) "
-          "instead of per layer; the planner's "
+          f"checkpoints (an in-sample diagnostic); snip_oracle: snip_lrs with each layer's LD at every re-plan times "
+          f"its curvature's growth along the bf16 trajectory from the checkpoint to {args.steps} steps later, to the "
+          f"power {args.interval}/{args.steps} (its growth within one plan's life: foresight, a diagnostic); "
+          f"*{GEMM_SUFFIX}: one precision per GEMM (forward, dgrad, wgrad) instead of per layer; the planner's "
           f"defaults are snip_horizon{GEMM_SUFFIX}; *{DRIFT_SUFFIX}: re-plans spaced by the drift trigger (regret "
           f"threshold {DRIFT:g}, from {drift_schedule(args.interval).min_interval} up to {args.interval} steps apart) "
-          "instead of every interval.", ""]
+          "instead of every interval. Above FP4: of the GEMMs a method's plans keep above FP4 (every re-plan, every "
+          "seed), the share that are forward, dgrad and wgrad GEMMs (by count).", ""]
     trained = sum(r.key in done for r in runs)
     if trained < len(runs):
         md += [f"**Partial:** {trained} of the grid's {len(runs)} runs are trained; only complete cells are shown.", ""]
     for key, cell in table.items():
         phase, budget = key.split("/")
         md += [f"## phase {phase} steps, budget {100 * float(budget):.0f}% FP4", "",
-               "| method | FP4 share | gap per seed | mean gap +- std |", "|---|---|---|---|"]
+               "| method | FP4 share | above FP4: fprop / dgrad / wgrad | gap per seed | mean gap +- std |",
+               "|---|---|---|---|---|"]
         for m, r in sorted(cell.items(), key=lambda kv: kv[1]["mean_gap"]):
-            md.append(f"| {m} | {100 * r['fp4_fraction']:.1f}% | " + ", ".join(f"{g:+.4f}" for g in r["gap_per_seed"])
+            kept = r["kept_above_fp4"]
+            md.append(f"| {m} | {100 * r['fp4_fraction']:.1f}% | "
+                      + (" / ".join(f"{100 * kept[g]:.0f}" for g in GEMMS) + "%" if kept else "-") + " | "
+                      + ", ".join(f"{g:+.4f}" for g in r["gap_per_seed"])
                       + f" | {r['mean_gap']:+.4f} +- {r['std_gap']:.4f} |")
         v = verdicts.get(key)
         if v:

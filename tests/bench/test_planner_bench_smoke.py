@@ -21,19 +21,26 @@ def _bench(tmp_path: Path, *args: str) -> None:
 def test_quality_grid(tmp_path):
     _bench(tmp_path, "quality", "--phases", "2", "--budgets", "0.5,0.75", "--seeds", "0,1", "--steps", "2",
            "--interval", "1", "--methods", "bf16,snip,snip_ld,layer_type,uniform_fp4,snip_horizon_gemm,layer_type_gemm,"
-           "random_gemm,random1_gemm,snip_horizon_drift_gemm,layer_type_drift_gemm,snip_cal_gemm", "--claim", "snip_horizon_gemm",
-           "--workers", "2", "--eval-batches", "2")
+           "random_gemm,random1_gemm,snip_horizon_drift_gemm,layer_type_drift_gemm,snip_cal_gemm,snip_oracle_gemm",
+           "--claim", "snip_horizon_gemm", "--workers", "2", "--eval-batches", "2")
     out = json.loads((tmp_path / "cpu-planner-quality.json").read_text())
     cell = out["table"]["2/0.75"]
     assert set(cell) == {"bf16", "snip", "snip_ld", "layer_type", "uniform_fp4", "snip_horizon_gemm", "layer_type_gemm",
-                         "random_gemm", "random1_gemm", "snip_horizon_drift_gemm", "layer_type_drift_gemm", "snip_cal_gemm"}
+                         "random_gemm", "random1_gemm", "snip_horizon_drift_gemm", "layer_type_drift_gemm", "snip_cal_gemm",
+                         "snip_oracle_gemm"}
     rank = out["random_ranks"]["2/0.75"]
     assert rank["draws"] == ["random1_gemm", "random_gemm"] and 0 <= rank["below_draws"] <= 2
     assert "random1_gemm" not in (v["best_heuristic"] for v in out["verdicts"].values())  # a draw, not a rival
     assert "snip_ld" not in out["table"]["2/0.5"]  # the ablation at the middle budget only
     assert cell["bf16"]["gap_per_seed"] == [0.0, 0.0] and cell["uniform_fp4"]["fp4_fraction"] == 1.0
+    assert cell["bf16"]["kept_above_fp4"] is None and cell["uniform_fp4"]["kept_above_fp4"] is None
+    for m in ("snip_horizon_gemm", "layer_type_gemm", "snip"):
+        assert sum(cell[m]["kept_above_fp4"].values()) == pytest.approx(1.0)
+    assert len(set(cell["snip"]["kept_above_fp4"].values())) == 1  # per layer: the three GEMMs go together
     assert all(abs(cell[m]["fp4_fraction"] - 0.75) < 0.05 for m in ("snip", "layer_type", "snip_horizon_gemm"))
     assert set(out["verdicts"]) == {"2/0.5", "2/0.75"} and (tmp_path / "cpu-planner-quality.png").exists()
+    growth = json.loads((tmp_path / "cache" / "ld-growth-tiny-2-2.json").read_text())  # snip_oracle's foresight
+    assert len(growth) == 28 and all(g > 0 for g in growth.values())
     assert out["verdicts"]["2/0.75"]["best_heuristic"] in ("layer_type", "layer_type_gemm", "uniform_fp4", "random_gemm",
                                                            "layer_type_drift_gemm")
     per_gemm = next(r for k, r in out["runs"].items() if "/0.75/layer_type_gemm/" in k)
@@ -115,3 +122,14 @@ def test_swap(tmp_path):
     assert all("trained_vs_snip" in r for label, r in table.items() if label != "snip")
     assert table["raised"]["fp4_share"] <= table["snip"]["fp4_share"] <= table["lowered"]["fp4_share"]
     assert all(len(r["gap_per_seed"]) == 2 for r in table.values())
+
+
+def test_kept_above_fp4_counts_every_plans_gemms_by_kind():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_planner import kept_above_fp4
+
+    plan = {"precisions": {"a": "fp8", "b": {"fprop": "fp8", "dgrad": "fp4", "wgrad": "fp4"}, "c": "fp4"}}
+    other = {"precisions": {"a": {"fprop": "fp4", "dgrad": "fp4", "wgrad": "fp8"}, "b": "fp4", "c": "fp4"}}
+    kept = kept_above_fp4([{"plans": [plan]}, {"plans": [other]}])
+    assert kept == {"fprop": 0.4, "dgrad": 0.2, "wgrad": 0.4}
+    assert kept_above_fp4([{"plans": []}]) is None and kept_above_fp4([{"plans": [{"precisions": {"a": "fp4"}}]}]) is None

@@ -1,0 +1,74 @@
+"""bench_planner.py's diagnostics snip_cal and snip_oracle: AdjustedStats makes the planner solve with every
+measured layer's statistics passed through an adjustment, and otherwise behaves as the hooks it wraps;
+weighted_wd scales the dgrad and wgrad WD sensitivities only, foreseen_ld the curvature (so LD) only."""
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from bench_planner import AdjustedStats, foreseen_ld, weighted_wd  # noqa: E402
+from planner.cost import LayerShape  # noqa: E402
+from planner.stats import LayerStats, PlannerStats  # noqa: E402
+
+
+def _stats() -> PlannerStats:
+    errors = {"fp4": {"fprop": 0.01, "dgrad": 0.02, "wgrad": 0.03}}
+    layers = tuple(LayerStats(LayerShape(f"l{i}", 16, 8, 32), out_rms=1.0, grad_out_rms=0.5, grad_in_rms=0.25,
+                              weight_grad_rms=0.125, curvature=2.0 + i, s_dgrad=3.0 + i, s_wgrad=5.0 + i, errors=errors)
+                   for i in range(2))
+    return PlannerStats(layers=layers, loss=1.5, step=7)
+
+
+class _Hooks:
+    def __init__(self):
+        self.planner = SimpleNamespace(measure=lambda *args, **kwargs: _stats())
+        self.plans, self.steps, self.setups = ["a plan"], [], 0
+
+    def on_setup(self, model, opt) -> None:
+        self.setups += 1
+
+    def on_step(self, step, model, batch):
+        self.steps.append(step)
+        return "stepped"
+
+
+def _adjusted(adjust) -> tuple[PlannerStats, _Hooks, AdjustedStats]:
+    hooks = _Hooks()
+    wrapped = AdjustedStats(hooks, adjust)
+    wrapped.on_setup(model=None, opt=None)
+    stats = hooks.planner.measure("batch", loss_fn=None)
+    assert hooks.setups == 1 and (stats.loss, stats.step) == (1.5, 7)
+    return stats, hooks, wrapped
+
+
+def test_adjusted_stats_behaves_as_the_hooks_it_wraps():
+    _, hooks, wrapped = _adjusted(lambda s: s)
+    assert wrapped.on_step(3, None, None) == "stepped" and hooks.steps == [3]
+    assert wrapped.plans == ["a plan"] and wrapped.planner is hooks.planner
+
+
+def test_weighted_wd_scales_the_backward_sensitivities_only():
+    stats, _, _ = _adjusted(weighted_wd({"dgrad": 1.5, "wgrad": 0.25}))
+    for got, want in zip(stats.layers, _stats().layers):
+        assert got.s_dgrad == want.s_dgrad * 1.5 and got.s_wgrad == want.s_wgrad * 0.25
+        assert (got.curvature, got.errors, got.shape) == (want.curvature, want.errors, want.shape)
+
+
+def test_foreseen_ld_scales_each_layers_curvature_by_its_growth_over_a_plans_life():
+    stats, _, _ = _adjusted(foreseen_ld({"l0": 16.0, "l1": 0.25}, power=0.5))
+    got, want = stats.by_name(), _stats().by_name()
+    assert got["l0"].curvature == want["l0"].curvature * 4.0 and got["l1"].curvature == want["l1"].curvature * 0.5
+    assert got["l0"].ld("fp4") == pytest.approx(want["l0"].ld("fp4") * 4.0, rel=1e-15)
+    for n in got:
+        assert (got[n].s_dgrad, got[n].s_wgrad, got[n].errors) == (want[n].s_dgrad, want[n].s_wgrad, want[n].errors)
+
+
+def test_foreseen_ld_fails_on_a_layer_without_a_growth():
+    hooks = _Hooks()
+    AdjustedStats(hooks, foreseen_ld({"l0": 2.0}, power=1.0)).on_setup(model=None, opt=None)
+    with pytest.raises(KeyError, match="l1"):
+        hooks.planner.measure("batch")
