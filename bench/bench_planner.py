@@ -593,12 +593,17 @@ class AmplifiedError:
     its GEMMs exactly and adds `amplify` times the error that GEMM makes under `precision` on the same operands (the
     layer's own stochastic-rounding bits, fresh every step; in evaluation too for fprop). `amplify` 1 is that GEMM in
     `precision` in every layer; larger factors keep the error's structure and multiply its energy by amplify^2: a
-    ground truth of LD (fprop) or WD (dgrad, wgrad) that runs of a hundred steps resolve."""
+    ground truth of LD (fprop) or WD (dgrad, wgrad) that runs of a hundred steps resolve. With `in_evaluation`
+    False the forward error is added in the training steps only (evaluation is exact): what it costs through the
+    trajectory, the gradients it perturbs, which LD (the loss of the forward error itself) does not price."""
 
-    def __init__(self, gemm: str, precision: str, amplify: float):
+    def __init__(self, gemm: str, precision: str, amplify: float, in_evaluation: bool = True):
         if gemm not in GEMMS:
             raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+        if not in_evaluation and gemm != "fprop":
+            raise ValueError(f"only the forward GEMM runs in evaluation: in_evaluation=False is for fprop, not {gemm!r}")
         self.gemm, self.recipe, self.amplify, self.step = gemm, recipe(precision), amplify, 0
+        self.in_evaluation = in_evaluation
 
     def on_setup(self, model, opt) -> None:
         convert(model)  # bf16: the same numbers as the unconverted model (and the same layers as the planner's)
@@ -612,6 +617,8 @@ class AmplifiedError:
 
     def _fprop(self, module, seed: int) -> None:
         def hook(mod, args, out):
+            if not (self.in_evaluation or torch.is_grad_enabled()):  # evaluation runs without autograd
+                return out
             x = args[0].detach().reshape(-1, mod.in_features).float()
             w = mod.weight.detach().float()
             error = snip_gemm.fprop(x, w, self.recipe, seed=seed, offset=self.step, emulate=True) - snip_gemm.fp32_mm(x, w.t())
@@ -643,6 +650,11 @@ class AmplifiedError:
         module.weight.register_hook(add_error)
 
 
+# bench scale's targets: a GEMM whose error is amplified, and "fprop_train", the forward error in the training steps
+# only (evaluation exact), priced against LD too: the part of the forward error's cost that comes through the trajectory
+SCALE_TARGETS = {**{g: (g, True) for g in GEMMS}, "fprop_train": ("fprop", False)}
+
+
 def bench_scale(args) -> None:
     """LD's and WD's size against ground truths at every layer at once (one layer's effect is below the noise of
     these runs): from each checkpoint, `steps` steps with every layer's fprop, dgrad or wgrad error under FP4
@@ -651,7 +663,9 @@ def bench_scale(args) -> None:
     the horizon of the whole run along its learning rates (the planner's WD over its re-plan interval is the same
     thing for one interval). The validation loss is that of the model as trained, its forward error included
     (fprop). Two factors give the measured exponent of the gap in k: 2 where the loss is quadratic in the error, as
-    LD and WD assume, and larger where a bigger error starts to cost out of proportion."""
+    LD and WD assume, and larger where a bigger error starts to cost out of proportion. Target "fprop_train" (with
+    `--gemms`): the forward error in training only, evaluated exactly; against fprop's, the share of its cost that
+    the perturbed trajectory carries and LD, the loss of the error itself, leaves out."""
     cache = CACHE / f"scale-{args.steps}.json"  # {"phase/bf16/seed": val loss, "phase/gemm/k/seed": gap}
     done = json.loads(cache.read_text()) if cache.exists() else {}
     rows = []
@@ -666,27 +680,28 @@ def bench_scale(args) -> None:
                            config, logits_fn=lm_logits, lr_ratios=[lrs(s) / lrs(0) for s in range(args.steps)])
         # at the branch's start, and `steps` later on the bf16 trajectory (constant lr): how stale the first is
         stats, later = stats_of(ckpt), stats_of(checkpoint(phase + args.steps))
-        for gemm in GEMMS:
+        for target in args.gemms:
+            gemm, in_evaluation = SCALE_TARGETS[target]
             unit, unit_later = (sum(s.ld("fp4") if gemm == "fprop" else s.wd("fp4", gemm) for s in st.layers)
                                 for st in (stats, later))
             per_factor = []
             for k in args.amplify:
                 gaps = []
                 for seed in args.seeds:
-                    key = f"{phase}/{gemm}/{k:g}/{seed}"
+                    key = f"{phase}/{target}/{k:g}/{seed}"
                     if key not in done:
                         ref = f"{phase}/bf16/{seed}"
                         if ref not in done:
                             done[ref] = continue_from(ckpt, args.steps, seed, evals=1,
                                                       eval_batches=args.eval_batches)["final_val_loss"]
-                        noisy = continue_from(ckpt, args.steps, seed, hooks=AmplifiedError(gemm, "fp4", k), evals=1,
-                                              eval_batches=args.eval_batches)["final_val_loss"]
+                        noisy = continue_from(ckpt, args.steps, seed, hooks=AmplifiedError(gemm, "fp4", k, in_evaluation),
+                                              evals=1, eval_batches=args.eval_batches)["final_val_loss"]
                         done[key] = noisy - done[ref]
                         cache.write_text(json.dumps(done))
-                        print(f"phase {phase} {gemm} x{k:g} seed {seed}: gap {done[key]:+.5f}", flush=True)
+                        print(f"phase {phase} {target} x{k:g} seed {seed}: gap {done[key]:+.5f}", flush=True)
                     gaps.append(done[key])
                 mean = statistics.mean(gaps)
-                per_factor.append({"phase": phase, "gemm": gemm, "amplify": k, "predicted": k ** 2 * unit,
+                per_factor.append({"phase": phase, "gemm": target, "amplify": k, "predicted": k ** 2 * unit,
                                    "predicted_later": k ** 2 * unit_later, "gaps": gaps, "mean_gap": mean,
                                    "standard_error": statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else 0.0,
                                    "ratio": mean / (k ** 2 * unit) if unit else float("nan")})
@@ -704,13 +719,17 @@ def bench_scale(args) -> None:
           f"wgrad) of that GEMM in FP4, measured at the checkpoint (WD within the run's {args.steps} steps along its "
           f"learning rates); 'later': the same measured {args.steps} steps further along the bf16 trajectory (constant "
           "lr), near where the runs end. Exponent: of the measured gap in k between the smallest and the largest k (2: "
-          "quadratic, as LD and WD assume).", "",
+          "quadratic, as LD and WD assume)."
+          + (" fprop_train: the forward error in the training steps only, the evaluation exact (the weights are those of "
+             "the fprop run, bit for bit): the forward error's cost through the trajectory, priced against LD."
+             if "fprop_train" in args.gemms else ""), "",
           "| checkpoint | GEMM | k | predicted (nats) | predicted later | measured gap: mean +- SE | per seed | "
           "measured / predicted | exponent |", "|---|---|---|---|---|---|---|---|---|"]
     md += [f"| {r['phase']} | {r['gemm']} | {r['amplify']:g} | {r['predicted']:.4f} | {r['predicted_later']:.4f} | "
            f"{r['mean_gap']:+.4f} +- {r['standard_error']:.4f} | " + ", ".join(f"{g:+.4f}" for g in r["gaps"])
            + f" | {r['ratio']:.2f} | " + (f"{r['exponent']:.1f}" if "exponent" in r else "") + " |" for r in rows]
-    write("scale", {"steps": args.steps, "amplify": args.amplify, "seeds": args.seeds, "rows": rows}, "\n".join(md))
+    write(args.name, {"steps": args.steps, "amplify": args.amplify, "seeds": args.seeds, "gemms": args.gemms,
+                                 "rows": rows}, "\n".join(md))
 
 
 def bench_horizon(args) -> None:
@@ -1360,7 +1379,7 @@ def main() -> None:
                         "random<k>: the random heuristic's draw k (the claim is ranked among the draws); "
                         f"a planned method + {GEMM_SUFFIX!r} plans per GEMM (default: all, per layer)")
     p.add_argument("--workers", type=int, default=1, help="quality: worker processes, one thread each")
-    p.add_argument("--name", default="quality", help="quality: results file stem cpu-planner-<name>")
+    p.add_argument("--name", default=None, help="quality, scale: results file stem cpu-planner-<name> (default: the bench's)")
     p.add_argument("--claim", default="snip", help="quality: the method judged against every heuristic in the grid")
     p.add_argument("--report-only", action="store_true", help="quality: tabulate the runs already trained")
     p.add_argument("--eval-batches", type=int, default=64,
@@ -1381,6 +1400,8 @@ def main() -> None:
                    help="cost: re-time the ILP only, keeping the measurement section of the last full run")
     p.add_argument("--amplify", type=lambda s: [float(v) for v in s.split(",")], default=[2.0, 3.0],
                    help="scale: the factors on every layer's FP4 GEMM error (default: 2,3)")
+    p.add_argument("--gemms", type=lambda s: s.split(","), default=list(GEMMS),
+                   help=f"scale: whose error is amplified, of {', '.join(SCALE_TARGETS)} (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: on a shared 2-core machine two threads oversubscribe)")
     p.add_argument("--results", type=Path, default=None, help="where the results go (default: bench/results)")
@@ -1399,6 +1420,9 @@ def main() -> None:
     args.steps = args.steps if args.steps is not None else steps
     args.seeds = args.seeds or seeds
     args.interval = args.interval or interval
+    args.name = args.name or args.what
+    if unknown := [g for g in args.gemms if g not in SCALE_TARGETS]:
+        p.error(f"--gemms: unknown {', '.join(unknown)}; choose from {', '.join(SCALE_TARGETS)}")
     schedule = args.what == "schedule"
     args.phases = args.phases or ([PRE_STEPS] if schedule or args.what == "swap" else [100, PRE_STEPS, 1200])
     args.budgets = args.budgets or ([0.85, 0.62, 0.75] if schedule else [0.8] if args.what == "swap" else [0.5, 0.75, 0.8])

@@ -34,8 +34,8 @@ def _quantized(model: nn.Module, gemm: str) -> nn.Module:
     return convert(model, LinearPrecision(**{"fprop": "bf16", "dgrad": "bf16", "wgrad": "bf16", gemm: "fp8"}))
 
 
-def _hooked(model: nn.Module, gemm: str, amplify: float) -> nn.Module:
-    AmplifiedError(gemm, "fp8", amplify).on_setup(model, None)
+def _hooked(model: nn.Module, gemm: str, amplify: float, in_evaluation: bool = True) -> nn.Module:
+    AmplifiedError(gemm, "fp8", amplify, in_evaluation).on_setup(model, None)
     return model
 
 
@@ -71,6 +71,21 @@ def test_amplify_scales_the_error_alone(gemm):
         torch.testing.assert_close(a - e, 2.5 * (q - e), rtol=0, atol=1e-5 * float(e.abs().max()))
 
 
+def test_forward_error_in_training_only():
+    """in_evaluation=False: with autograd (a training step) the forward error is there, without it (evaluation)
+    the layer is exact; the default has it in both."""
+    x = torch.randn(42, 200, generator=torch.Generator().manual_seed(3))
+    exact, quantized = convert(_model()), _quantized(_model(), "fprop")
+    trained_only, both = _hooked(_model(), "fprop", 1.0, in_evaluation=False), _hooked(_model(), "fprop", 1.0)
+    with torch.no_grad():
+        atol = 1e-5 * float(exact(x).abs().max())
+        assert torch.equal(trained_only(x), exact(x))
+        torch.testing.assert_close(both(x), quantized(x), rtol=0, atol=atol)
+    torch.testing.assert_close(trained_only(x).detach(), quantized(x).detach(), rtol=0, atol=atol)
+
+
 def test_unknown_gemm():
     with pytest.raises(ValueError, match="gemm must be one of"):
         AmplifiedError("forward", "fp4", 2.0)
+    with pytest.raises(ValueError, match="in_evaluation=False is for fprop"):
+        AmplifiedError("wgrad", "fp4", 2.0, in_evaluation=False)

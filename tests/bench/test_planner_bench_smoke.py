@@ -69,10 +69,14 @@ def test_wgrad_error(tmp_path):
 
 
 def test_scale(tmp_path):
-    _bench(tmp_path, "scale", "--phases", "2", "--steps", "2", "--seeds", "0,1", "--eval-batches", "1", "--amplify", "1,2")
+    _bench(tmp_path, "scale", "--phases", "2", "--steps", "2", "--seeds", "0,1", "--eval-batches", "1", "--amplify", "1,2",
+           "--gemms", "fprop,dgrad,wgrad,fprop_train")
     out = json.loads((tmp_path / "cpu-planner-scale.json").read_text())
     assert [(r["phase"], r["gemm"], r["amplify"]) for r in out["rows"]] == [
-        (2, g, k) for g in ("fprop", "dgrad", "wgrad") for k in (1.0, 2.0)]
+        (2, g, k) for g in ("fprop", "dgrad", "wgrad", "fprop_train") for k in (1.0, 2.0)]
+    fprop, trained_only = out["rows"][:2], out["rows"][6:]  # priced alike (LD); measured apart
+    assert [r["predicted"] for r in fprop] == [r["predicted"] for r in trained_only]
+    assert all(a["gaps"] != b["gaps"] for a, b in zip(fprop, trained_only))
     assert all(r["predicted"] > 0 and len(r["gaps"]) == 2 for r in out["rows"])
     for unit, twice in zip(out["rows"][::2], out["rows"][1::2]):  # the prediction is quadratic in the factor
         assert twice["predicted"] == pytest.approx(4 * unit["predicted"]) and "exponent" in twice
