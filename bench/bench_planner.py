@@ -26,6 +26,7 @@ import collections
 import copy
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import multiprocessing
@@ -597,19 +598,19 @@ class AmplifiedError:
     False the forward error is added in the training steps only (evaluation is exact): what it costs through the
     trajectory, the gradients it perturbs, which LD (the loss of the forward error itself) does not price."""
 
-    def __init__(self, gemm: str, precision: str, amplify: float, in_evaluation: bool = True):
+    def __init__(self, gemm: str, precision: str, amplify: float, in_evaluation: bool = True, block: int | None = None):
         if gemm not in GEMMS:
             raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
         if not in_evaluation and gemm != "fprop":
             raise ValueError(f"only the forward GEMM runs in evaluation: in_evaluation=False is for fprop, not {gemm!r}")
         self.gemm, self.recipe, self.amplify, self.step = gemm, recipe(precision), amplify, 0
-        self.in_evaluation = in_evaluation
+        self.in_evaluation, self.block = in_evaluation, block  # block: that transformer block's layers only
 
     def on_setup(self, model, opt) -> None:
         convert(model)  # bf16: the same numbers as the unconverted model (and the same layers as the planner's)
         add = {"fprop": self._fprop, "dgrad": self._dgrad, "wgrad": self._wgrad}[self.gemm]
         for name, module in model.named_modules():
-            if isinstance(module, SnipLinear):
+            if isinstance(module, SnipLinear) and (self.block is None or block_index(name) == self.block):
                 add(module, layer_seed(name))
 
     def on_step(self, step, model, batch) -> None:
@@ -665,8 +666,10 @@ def bench_scale(args) -> None:
     (fprop). Two factors give the measured exponent of the gap in k: 2 where the loss is quadratic in the error, as
     LD and WD assume, and larger where a bigger error starts to cost out of proportion. Target "fprop_train" (with
     `--gemms`): the forward error in training only, evaluated exactly; against fprop's, the share of its cost that
-    the perturbed trajectory carries and LD, the loss of the error itself, leaves out."""
-    cache = CACHE / f"scale-{args.steps}.json"  # {"phase/bf16/seed": val loss, "phase/gemm/k/seed": gap}
+    the perturbed trajectory carries and LD, the loss of the error itself, leaves out. With `--blocks` each block's
+    layers alone, against that block's LD / WD: how the cost divides among the blocks."""
+    # {"phase/bf16/seed": val loss, "phase/target/k/seed[/block<b>]": gap}
+    cache = CACHE / f"scale-{args.steps}.json"
     done = json.loads(cache.read_text()) if cache.exists() else {}
     rows = []
     for phase in args.phases:
@@ -680,28 +683,29 @@ def bench_scale(args) -> None:
                            config, logits_fn=lm_logits, lr_ratios=[lrs(s) / lrs(0) for s in range(args.steps)])
         # at the branch's start, and `steps` later on the bf16 trajectory (constant lr): how stale the first is
         stats, later = stats_of(ckpt), stats_of(checkpoint(phase + args.steps))
-        for target in args.gemms:
+        for target, block in itertools.product(args.gemms, args.blocks or [None]):
             gemm, in_evaluation = SCALE_TARGETS[target]
-            unit, unit_later = (sum(s.ld("fp4") if gemm == "fprop" else s.wd("fp4", gemm) for s in st.layers)
-                                for st in (stats, later))
+            unit, unit_later = (sum(s.ld("fp4") if gemm == "fprop" else s.wd("fp4", gemm) for s in st.layers
+                                    if block is None or block_index(s.name) == block) for st in (stats, later))
             per_factor = []
             for k in args.amplify:
                 gaps = []
                 for seed in args.seeds:
-                    key = f"{phase}/{target}/{k:g}/{seed}"
+                    key = f"{phase}/{target}/{k:g}/{seed}" + ("" if block is None else f"/block{block}")
                     if key not in done:
                         ref = f"{phase}/bf16/{seed}"
                         if ref not in done:
                             done[ref] = continue_from(ckpt, args.steps, seed, evals=1,
                                                       eval_batches=args.eval_batches)["final_val_loss"]
-                        noisy = continue_from(ckpt, args.steps, seed, hooks=AmplifiedError(gemm, "fp4", k, in_evaluation),
-                                              evals=1, eval_batches=args.eval_batches)["final_val_loss"]
+                        hooks = AmplifiedError(gemm, "fp4", k, in_evaluation, block)
+                        noisy = continue_from(ckpt, args.steps, seed, hooks=hooks, evals=1,
+                                              eval_batches=args.eval_batches)["final_val_loss"]
                         done[key] = noisy - done[ref]
                         cache.write_text(json.dumps(done))
-                        print(f"phase {phase} {target} x{k:g} seed {seed}: gap {done[key]:+.5f}", flush=True)
+                        print(f"{key}: gap {done[key]:+.5f}", flush=True)
                     gaps.append(done[key])
                 mean = statistics.mean(gaps)
-                per_factor.append({"phase": phase, "gemm": target, "amplify": k, "predicted": k ** 2 * unit,
+                per_factor.append({"phase": phase, "gemm": target, "block": block, "amplify": k, "predicted": k ** 2 * unit,
                                    "predicted_later": k ** 2 * unit_later, "gaps": gaps, "mean_gap": mean,
                                    "standard_error": statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else 0.0,
                                    "ratio": mean / (k ** 2 * unit) if unit else float("nan")})
@@ -722,13 +726,18 @@ def bench_scale(args) -> None:
           "quadratic, as LD and WD assume)."
           + (" fprop_train: the forward error in the training steps only, the evaluation exact (the weights are those of "
              "the fprop run, bit for bit): the forward error's cost through the trajectory, priced against LD."
-             if "fprop_train" in args.gemms else ""), "",
-          "| checkpoint | GEMM | k | predicted (nats) | predicted later | measured gap: mean +- SE | per seed | "
-          "measured / predicted | exponent |", "|---|---|---|---|---|---|---|---|---|"]
-    md += [f"| {r['phase']} | {r['gemm']} | {r['amplify']:g} | {r['predicted']:.4f} | {r['predicted_later']:.4f} | "
+             if "fprop_train" in args.gemms else "")
+          + (f" Per block (--blocks): the error in one transformer block's layers only, priced by that block's LD / WD; "
+             "measured / later: against the block's price 100 steps on." if args.blocks else ""), "",
+          "| checkpoint | GEMM | " + ("block | " if args.blocks else "") + "k | predicted (nats) | predicted later | "
+          "measured gap: mean +- SE | per seed | measured / predicted | " + ("measured / later | " if args.blocks else "")
+          + "exponent |", "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.blocks else "")]
+    md += [f"| {r['phase']} | {r['gemm']} | " + (f"{r['block']} | " if args.blocks else "")
+           + f"{r['amplify']:g} | {r['predicted']:.4f} | {r['predicted_later']:.4f} | "
            f"{r['mean_gap']:+.4f} +- {r['standard_error']:.4f} | " + ", ".join(f"{g:+.4f}" for g in r["gaps"])
-           + f" | {r['ratio']:.2f} | " + (f"{r['exponent']:.1f}" if "exponent" in r else "") + " |" for r in rows]
-    write(args.name, {"steps": args.steps, "amplify": args.amplify, "seeds": args.seeds, "gemms": args.gemms,
+           + f" | {r['ratio']:.2f} | " + (f"{r['mean_gap'] / r['predicted_later']:.2f} | " if args.blocks else "")
+           + (f"{r['exponent']:.1f}" if "exponent" in r else "") + " |" for r in rows]
+    write(args.name, {"steps": args.steps, "amplify": args.amplify, "seeds": args.seeds, "gemms": args.gemms, "blocks": args.blocks,
                                  "rows": rows}, "\n".join(md))
 
 
@@ -1402,6 +1411,9 @@ def main() -> None:
                    help="scale: the factors on every layer's FP4 GEMM error (default: 2,3)")
     p.add_argument("--gemms", type=lambda s: s.split(","), default=list(GEMMS),
                    help=f"scale: whose error is amplified, of {', '.join(SCALE_TARGETS)} (default: %(default)s)")
+    p.add_argument("--blocks", type=lambda s: [int(v) for v in s.split(",")], default=None,
+                   help="scale: amplify the error of one transformer block's layers at a time, these blocks (default: "
+                        "every layer at once)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: on a shared 2-core machine two threads oversubscribe)")
     p.add_argument("--results", type=Path, default=None, help="where the results go (default: bench/results)")

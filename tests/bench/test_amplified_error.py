@@ -34,8 +34,8 @@ def _quantized(model: nn.Module, gemm: str) -> nn.Module:
     return convert(model, LinearPrecision(**{"fprop": "bf16", "dgrad": "bf16", "wgrad": "bf16", gemm: "fp8"}))
 
 
-def _hooked(model: nn.Module, gemm: str, amplify: float, in_evaluation: bool = True) -> nn.Module:
-    AmplifiedError(gemm, "fp8", amplify, in_evaluation).on_setup(model, None)
+def _hooked(model: nn.Module, gemm: str, amplify: float, in_evaluation: bool = True, block: int | None = None) -> nn.Module:
+    AmplifiedError(gemm, "fp8", amplify, in_evaluation, block).on_setup(model, None)
     return model
 
 
@@ -82,6 +82,15 @@ def test_forward_error_in_training_only():
         assert torch.equal(trained_only(x), exact(x))
         torch.testing.assert_close(both(x), quantized(x), rtol=0, atol=atol)
     torch.testing.assert_close(trained_only(x).detach(), quantized(x).detach(), rtol=0, atol=atol)
+
+
+def test_one_block_only():
+    """block=b: the layers of block b alone (here the Sequential's index: its layers "0" and "2")."""
+    x = torch.randn(42, 200, generator=torch.Generator().manual_seed(4))
+    exact = _grads(convert(_model()), x)
+    for block, moves in ((0, [False, False, True, False, False, False]), (2, [False, False, False, False, True, False])):
+        hooked = _grads(_hooked(_model(), "wgrad", 1.0, block=block), x)
+        assert [not torch.equal(e, h) for e, h in zip(exact, hooked)] == moves
 
 
 def test_unknown_gemm():

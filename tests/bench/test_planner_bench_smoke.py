@@ -82,6 +82,14 @@ def test_scale(tmp_path):
         assert twice["predicted"] == pytest.approx(4 * unit["predicted"]) and "exponent" in twice
 
 
+def test_scale_per_block(tmp_path):
+    _bench(tmp_path, "scale", "--phases", "2", "--steps", "2", "--seeds", "0", "--eval-batches", "1", "--amplify", "2",
+           "--gemms", "fprop_train,wgrad", "--blocks", "0,3", "--name", "scale-blocks")
+    out = json.loads((tmp_path / "cpu-planner-scale-blocks.json").read_text())
+    assert [(r["gemm"], r["block"]) for r in out["rows"]] == [(g, b) for g in ("fprop_train", "wgrad") for b in (0, 3)]
+    assert all(r["predicted"] > 0 for r in out["rows"]) and "| block |" in (tmp_path / "cpu-planner-scale-blocks.md").read_text()
+
+
 def test_horizon(tmp_path):
     _bench(tmp_path, "horizon", "--phases", "2", "--budgets", "0.5,0.8", "--interval", "3")
     out = json.loads((tmp_path / "cpu-planner-horizon.json").read_text())
