@@ -589,6 +589,11 @@ def bench_wgrad_error(args) -> None:
     write("wgrad-error", {"preset": args.preset, "seeds": args.seeds, "rows": rows}, "\n".join(md))
 
 
+def in_block(name: str, block: int | None) -> bool:
+    """Whether layer `name` is in transformer block `block` (None: every layer is)."""
+    return block is None or block_index(name) == block
+
+
 class AmplifiedError:
     """Hooks for `continue_from`: every planned linear layer (those `convert` swaps, kept in bf16) computes one of
     its GEMMs exactly and adds `amplify` times the error that GEMM makes under `precision` on the same operands (the
@@ -610,7 +615,7 @@ class AmplifiedError:
         convert(model)  # bf16: the same numbers as the unconverted model (and the same layers as the planner's)
         add = {"fprop": self._fprop, "dgrad": self._dgrad, "wgrad": self._wgrad}[self.gemm]
         for name, module in model.named_modules():
-            if isinstance(module, SnipLinear) and (self.block is None or block_index(name) == self.block):
+            if isinstance(module, SnipLinear) and in_block(name, self.block):
                 add(module, layer_seed(name))
 
     def on_step(self, step, model, batch) -> None:
@@ -686,7 +691,7 @@ def bench_scale(args) -> None:
         for target, block in itertools.product(args.gemms, args.blocks or [None]):
             gemm, in_evaluation = SCALE_TARGETS[target]
             unit, unit_later = (sum(s.ld("fp4") if gemm == "fprop" else s.wd("fp4", gemm) for s in st.layers
-                                    if block is None or block_index(s.name) == block) for st in (stats, later))
+                                    if in_block(s.name, block)) for st in (stats, later))
             per_factor = []
             for k in args.amplify:
                 gaps = []
@@ -728,7 +733,7 @@ def bench_scale(args) -> None:
              "the fprop run, bit for bit): the forward error's cost through the trajectory, priced against LD."
              if "fprop_train" in args.gemms else "")
           + (f" Per block (--blocks): the error in one transformer block's layers only, priced by that block's LD / WD; "
-             "measured / later: against the block's price 100 steps on." if args.blocks else ""), "",
+             f"measured / later: against the block's price {args.steps} steps on." if args.blocks else ""), "",
           "| checkpoint | GEMM | " + ("block | " if args.blocks else "") + "k | predicted (nats) | predicted later | "
           "measured gap: mean +- SE | per seed | measured / predicted | " + ("measured / later | " if args.blocks else "")
           + "exponent |", "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.blocks else "")]
@@ -737,8 +742,8 @@ def bench_scale(args) -> None:
            f"{r['mean_gap']:+.4f} +- {r['standard_error']:.4f} | " + ", ".join(f"{g:+.4f}" for g in r["gaps"])
            + f" | {r['ratio']:.2f} | " + (f"{r['mean_gap'] / r['predicted_later']:.2f} | " if args.blocks else "")
            + (f"{r['exponent']:.1f}" if "exponent" in r else "") + " |" for r in rows]
-    write(args.name, {"steps": args.steps, "amplify": args.amplify, "seeds": args.seeds, "gemms": args.gemms, "blocks": args.blocks,
-                                 "rows": rows}, "\n".join(md))
+    write(args.name, {"steps": args.steps, "amplify": args.amplify, "seeds": args.seeds, "gemms": args.gemms,
+                      "blocks": args.blocks, "rows": rows}, "\n".join(md))
 
 
 def bench_horizon(args) -> None:
@@ -833,14 +838,13 @@ LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle")
 # of (measured / predicted for the GEMM) / (measured / predicted for fprop) is 1.61-1.68 for dgrad and 0.13-0.16
 # for wgrad at 2x-3x amplified FP4 errors). Fit on the tiny preset's checkpoints the quality grid starts from, so
 # an in-sample diagnostic of how much of SNIP's gap WD's calibration explains, not a method
-CALIBRATED_WD = {"snip_cal": {"dgrad": 1.65, "wgrad": 0.16}}
+CALIBRATED_WD = {"dgrad": 1.65, "wgrad": 0.16}
 # snip_oracle: snip_lrs whose LD foresees how each layer's curvature grows while a plan lives. Every re-plan's
 # measured curvature is multiplied by that layer's growth along the bf16 trajectory over the branch (its
 # curvature at the checkpoint `steps` later over that at the branch's, geometric mean over the calibration
 # batches FORESIGHT_BATCHES, FORESIGHT_DRAWS Fisher draws each), raised to interval / steps: the growth within one
 # plan's life at a constant rate. Foresight no planner has: a diagnostic of how much of SNIP's early gap LD's
 # staleness explains (LD grows up to 60x per 100 steps at the 100-step checkpoint, bench staleness), not a method
-FORESIGHT = ("snip_oracle",)
 FORESIGHT_BATCHES, FORESIGHT_DRAWS = (7, 8), 8
 ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
 # a planned method's name + GEMM_SUFFIX: the same method with one precision per GEMM instead of per layer
@@ -949,6 +953,12 @@ def ld_growth(preset: str, phase: int, steps: int) -> dict[str, float]:
     return growth
 
 
+# the diagnostic SNIP variants whose planner solves with adjusted statistics: run -> the adjustment of its stats
+ADJUSTED_STATS = {
+    "snip_cal": lambda run: weighted_wd(CALIBRATED_WD),
+    "snip_oracle": lambda run: foreseen_ld(ld_growth(run.preset, run.phase, run.steps), run.interval / run.steps)}
+
+
 def run_quality(run: QualityRun) -> dict:
     """Train one branch (in a worker process: one torch thread) and return what the tables need."""
     torch.set_num_threads(1)
@@ -967,10 +977,8 @@ def run_quality(run: QualityRun) -> dict:
             lr_schedule = learning_rates(branch_config(ckpt, run.steps, run.seed, **evaluate))
         hooks = make_hooks(planner_config(run.method, run.budget, run.interval), show_table=False, log=lambda m: None,
                            lr_schedule=lr_schedule)
-        if base_method(run.method) in CALIBRATED_WD:
-            hooks = AdjustedStats(hooks, weighted_wd(CALIBRATED_WD[base_method(run.method)]))
-        if base_method(run.method) in FORESIGHT:
-            hooks = AdjustedStats(hooks, foreseen_ld(ld_growth(run.preset, run.phase, run.steps), run.interval / run.steps))
+        if adjust := ADJUSTED_STATS.get(base_method(run.method)):
+            hooks = AdjustedStats(hooks, adjust(run))
         summary = continue_from(ckpt, run.steps, run.seed, hooks=hooks, **evaluate)
     plans = [dict(h) for h in hooks.planner.history] if hooks else []
     for summary_of_plan, plan in zip(plans, hooks.plans if hooks else []):  # which layer got which precision
@@ -1083,9 +1091,10 @@ def bench_quality(args) -> None:
     runs = quality_grid(args)
     cache = CACHE / "quality-runs.json"
     done = json.loads(cache.read_text()) if cache.exists() else {}
+    foresight = any(base_method(r.method) == "snip_oracle" for r in runs)
     for phase in args.phases:  # before the workers start, so that they only read them
         checkpoint(phase, args.preset)
-        if any(base_method(m) in FORESIGHT for m in {r.method for r in runs}):
+        if foresight:
             ld_growth(args.preset, phase, args.steps)
     todo = [r for r in runs if r.key not in done and not args.report_only]
     print(f"quality: {len(runs)} runs, {len(todo)} to train, {args.workers} workers", flush=True)
@@ -1112,8 +1121,8 @@ def bench_quality(args) -> None:
           f"snip_horizon: WD as the excess loss within the {args.interval}-step re-plan interval instead of the settled "
           f"one; snip_lrs: snip_horizon with the interval's learning rates read from the branch's decay "
           f"(SnipPlanner's lr_schedule, as snip train plans) instead of held at the re-plan step's; snip_cal: snip_lrs "
-          f"with dgrad's WD times {CALIBRATED_WD['snip_cal']['dgrad']:g} and wgrad's times "
-          f"{CALIBRATED_WD['snip_cal']['wgrad']:g}, their loss per unit of WD relative to LD's in bench scale on these "
+          f"with dgrad's WD times {CALIBRATED_WD['dgrad']:g} and wgrad's times "
+          f"{CALIBRATED_WD['wgrad']:g}, their loss per unit of WD relative to LD's in bench scale on these "
           f"checkpoints (an in-sample diagnostic); snip_oracle: snip_lrs with each layer's LD at every re-plan times "
           f"its curvature's growth along the bf16 trajectory from the checkpoint to {args.steps} steps later, to the "
           f"power {args.interval}/{args.steps} (its growth within one plan's life: foresight, a diagnostic); "
