@@ -53,7 +53,7 @@ from planner.divergence import lm_logits  # noqa: E402
 from planner.cost import LayerShape, layer_shapes, plan_metrics  # noqa: E402
 from planner.ilp import DEFAULT_LAMBDA, plan_objective  # noqa: E402
 from planner.qerror import gemm_errors, relative_error  # noqa: E402
-from planner.stats import LayerStats, PlannerStats, record  # noqa: E402
+from planner.stats import LayerStats, PlannerStats, high_precision, record  # noqa: E402
 from snip_ops import LinearPrecision, SnipLinear, convert  # noqa: E402
 from snip_ops.module import layer_seed  # noqa: E402
 from snip_ops import gemm as snip_gemm  # noqa: E402
@@ -682,16 +682,23 @@ def bench_scale(args) -> None:
         lrs = learning_rates(branch_config(ckpt, args.steps, 0))
         config = DivergenceConfig(wd_horizon=args.steps)
 
-        def stats_of(state: dict) -> PlannerStats:
+        def stats_of(state: dict) -> tuple[PlannerStats, dict[str, float]]:
+            """The planner's statistics at `state` and its layers' signal fractions (snip_signal's factor)."""
             model, opt, layers = model_at(state)
-            return measure(model, layers, opt, calibration_batch(), lambda m, b: m.loss(b), ("fp4",), StatsConfig(),
-                           config, logits_fn=lm_logits, lr_ratios=[lrs(s) / lrs(0) for s in range(args.steps)])
+            loss = lambda m, b: m.loss(b)  # noqa: E731
+            return (measure(model, layers, opt, calibration_batch(), loss, ("fp4",), StatsConfig(), config,
+                            logits_fn=lm_logits, lr_ratios=[lrs(s) / lrs(0) for s in range(args.steps)]),
+                    signal_fractions(model, layers, opt, calibration_batch(), loss))
         # at the branch's start, and `steps` later on the bf16 trajectory (constant lr): how stale the first is
-        stats, later = stats_of(ckpt), stats_of(checkpoint(phase + args.steps))
+        (stats, signal), (later, _) = stats_of(ckpt), stats_of(checkpoint(phase + args.steps))
         for target, block in itertools.product(args.gemms, args.blocks or [None]):
             gemm, in_evaluation = SCALE_TARGETS[target]
             unit, unit_later = (sum(s.ld("fp4") if gemm == "fprop" else s.wd("fp4", gemm) for s in st.layers
                                     if in_block(s.name, block)) for st in (stats, later))
+            # wgrad's WD times the signal share of Adam's v over these layers, as snip_signal prices it
+            share = (weighted_signal_fraction(dataclasses.replace(
+                stats, layers=tuple(s for s in stats.layers if in_block(s.name, block))), signal)
+                if gemm == "wgrad" else None)
             per_factor = []
             for k in args.amplify:
                 gaps = []
@@ -713,7 +720,7 @@ def bench_scale(args) -> None:
                 per_factor.append({"phase": phase, "gemm": target, "block": block, "amplify": k, "predicted": k ** 2 * unit,
                                    "predicted_later": k ** 2 * unit_later, "gaps": gaps, "mean_gap": mean,
                                    "standard_error": statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else 0.0,
-                                   "ratio": mean / (k ** 2 * unit) if unit else float("nan")})
+                                   "ratio": mean / (k ** 2 * unit) if unit else float("nan"), "signal_share": share})
             if len(per_factor) > 1:
                 lo, hi = per_factor[0], per_factor[-1]
                 ok = lo["mean_gap"] > 0 and hi["mean_gap"] > 0
@@ -733,14 +740,21 @@ def bench_scale(args) -> None:
              "the fprop run, bit for bit): the forward error's cost through the trajectory, priced against LD."
              if "fprop_train" in args.gemms else "")
           + (f" Per block (--blocks): the error in one transformer block's layers only, priced by that block's LD / WD; "
-             f"measured / later: against the block's price {args.steps} steps on." if args.blocks else ""), "",
+             f"measured / later: against the block's price {args.steps} steps on." if args.blocks else "")
+          + (" Signal share (wgrad): the share mu^2 / v of Adam's second moment that is signal, over the layers weighted "
+             "by their wgrad WD at the checkpoint (snip_signal's factor, `signal_fractions` on the calibration batch's "
+             "sequences); / share: measured over predicted x share, 1 where Adam's normalisation is what WD misses."
+             if "wgrad" in args.gemms else ""), "",
           "| checkpoint | GEMM | " + ("block | " if args.blocks else "") + "k | predicted (nats) | predicted later | "
           "measured gap: mean +- SE | per seed | measured / predicted | " + ("measured / later | " if args.blocks else "")
-          + "exponent |", "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.blocks else "")]
+          + "signal share | measured / (predicted x share) | exponent |",
+          "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.blocks else "")]
     md += [f"| {r['phase']} | {r['gemm']} | " + (f"{r['block']} | " if args.blocks else "")
            + f"{r['amplify']:g} | {r['predicted']:.4f} | {r['predicted_later']:.4f} | "
            f"{r['mean_gap']:+.4f} +- {r['standard_error']:.4f} | " + ", ".join(f"{g:+.4f}" for g in r["gaps"])
            + f" | {r['ratio']:.2f} | " + (f"{r['mean_gap'] / r['predicted_later']:.2f} | " if args.blocks else "")
+           + ("- | - | " if r["signal_share"] is None else f"{r['signal_share']:.3f} | "
+              + (f"{r['ratio'] / r['signal_share']:.2f} | " if r["signal_share"] > 0 else "inf | "))
            + (f"{r['exponent']:.1f}" if "exponent" in r else "") + " |" for r in rows]
     write(args.name, {"steps": args.steps, "amplify": args.amplify, "seeds": args.seeds, "gemms": args.gemms,
                       "blocks": args.blocks, "rows": rows}, "\n".join(md))
@@ -830,9 +844,10 @@ HEURISTICS = ("uniform_fp4", "first_last", "layer_type", "min_rel_error", "min_a
 # are snip_horizon_gemm; snip_lrs_gemm is them planned as `snip train` plans, along the run's learning rates.
 SNIP_VARIANTS = {"snip": {}, "snip_ld": {"terms": "ld"}, "snip_wd": {"terms": "wd"}, "snip_lam0.1": {"lam": 0.1},
                  "snip_horizon": {"wd_horizon": "interval"}, "snip_lrs": {"wd_horizon": "interval"},
-                 "snip_cal": {"wd_horizon": "interval"}, "snip_oracle": {"wd_horizon": "interval"}}
+                 "snip_cal": {"wd_horizon": "interval"}, "snip_oracle": {"wd_horizon": "interval"},
+                 "snip_signal": {"wd_horizon": "interval"}}
 # SNIP variants whose WD horizon follows the branch's learning-rate decay (SnipPlanner's lr_schedule)
-LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle")
+LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle", "snip_signal")
 # snip_cal: snip_lrs with each backward GEMM's WD times the loss it measurably costs per unit of predicted WD,
 # relative to LD's (bench scale, bench/results/cpu-planner-scale.md: the geometric mean over the three checkpoints
 # of (measured / predicted for the GEMM) / (measured / predicted for fprop) is 1.61-1.68 for dgrad and 0.13-0.16
@@ -846,6 +861,16 @@ CALIBRATED_WD = {"dgrad": 1.65, "wgrad": 0.16}
 # plan's life at a constant rate. Foresight no planner has: a diagnostic of how much of SNIP's early gap LD's
 # staleness explains (LD grows up to 60x per 100 steps at the 100-step checkpoint, bench staleness), not a method
 FORESIGHT_BATCHES, FORESIGHT_DRAWS = (7, 8), 8
+# snip_signal: snip_lrs with wgrad's WD times the share of Adam's second moment v that is signal, mu^2 / v (mu the
+# expected gradient), measured at every re-plan (signal_fractions). WD prices noise of variance s at a fixed
+# preconditioner 1 / sqrt(v); but Adam divides by sqrt(v) of the noisy gradient. Along a direction where v is mostly
+# noise (mu^2 << v, as here: Adam's m^2 / v is 0.01-0.05 at every checkpoint), the random walk's step variance is
+# lr^2 Var(g) / v = lr^2 (v - mu^2) / v, and extra noise s changes it by lr^2 s mu^2 / v^2: WD's price times mu^2 / v.
+# One factor for all layers, their signal fractions weighted by their wgrad WD (a layer's own estimate, from the
+# calibration batch's sequences, is too noisy to rank by: split-batch Spearman about 0). Not applied to dgrad, whose
+# error carries the weight operand's quantization error, the same at every step (a bias, which Adam does not average
+# away; bench scale prices dgrad too low, not too high). A diagnostic of whether Adam's normalisation is what WD misses
+# (bench scale: wgrad costs 0.22x its WD at 400 steps, 0.04-0.12x at 1200), not yet a planner default
 ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
 # a planned method's name + GEMM_SUFFIX: the same method with one precision per GEMM instead of per layer
 GEMM_SUFFIX = "_gemm"
@@ -915,14 +940,72 @@ class AdjustedStats:
     def __getattr__(self, name):
         return getattr(self.hooks, name)
 
+    def adjustment(self, batch, stats: PlannerStats) -> Callable[[LayerStats], LayerStats]:
+        """The adjustment of the statistics `stats` measured on `batch` (a fixed one here)."""
+        return self.adjust
+
     def on_setup(self, model, opt) -> None:
         self.hooks.on_setup(model, opt)
         measure = self.hooks.planner.measure
 
-        def adjusted(*args, **kwargs) -> PlannerStats:
-            stats = measure(*args, **kwargs)
-            return dataclasses.replace(stats, layers=tuple(self.adjust(s) for s in stats.layers))
+        def adjusted(batch, *args, **kwargs) -> PlannerStats:
+            stats = measure(batch, *args, **kwargs)
+            adjust = self.adjustment(batch, stats)
+            return dataclasses.replace(stats, layers=tuple(adjust(s) for s in stats.layers))
         self.hooks.planner.measure = adjusted
+
+
+def signal_fractions(model, layers, optimizer, batch: torch.Tensor, loss_fn) -> dict[str, float]:
+    """{layer: ||mu||^2 / sum(v_hat)} for every layer's weight: mu the expected gradient of one sequence's loss,
+    estimated without bias from the gradients g_a of the batch's B sequences as sum_{a != b} g_a . g_b / (B (B - 1))
+    (independent sequences: E g_a . g_b = ||mu||^2); v_hat Adam's bias-corrected second moment (its training batches'
+    gradients: mu^2 plus their noise). Can read below 0 where the signal is below the estimate's noise."""
+    if not torch.is_tensor(batch) or batch.shape[0] < 2:
+        raise ValueError("the signal fraction needs a tensor batch of at least 2 sequences")
+    weights = [m.weight for m in layers.values()]
+    sums = [torch.zeros_like(w, dtype=torch.float32) for w in weights]
+    squares = [0.0] * len(weights)
+    with high_precision(layers):
+        for row in range(batch.shape[0]):
+            for j, g in enumerate(torch.autograd.grad(loss_fn(model, batch[row:row + 1]), weights)):
+                sums[j] += g.float()
+                squares[j] += float(g.double().pow(2).sum())
+    pairs = batch.shape[0] * (batch.shape[0] - 1)
+    out = {}
+    for name, w, total, square in zip(layers, weights, sums, squares):
+        state, group = optimizer.state.get(w), next(g for g in optimizer.param_groups if any(p is w for p in g["params"]))
+        if not state or "exp_avg_sq" not in state:
+            raise ValueError(f"layer {name!r} has no Adam second moment yet: the signal fraction needs a trained optimizer")
+        v_hat = state["exp_avg_sq"].double().sum() / (1 - group["betas"][1] ** float(state["step"]))
+        out[name] = (float(total.double().pow(2).sum()) - square) / pairs / float(v_hat)
+    return out
+
+
+def weighted_signal_fraction(stats: PlannerStats, per_layer: dict[str, float]) -> float:
+    """One signal fraction for the model: the layers' (`signal_fractions`) weighted by their wgrad WD at the candidates'
+    largest error, clipped to [0, 1] (1 where no wgrad is priced)."""
+    priced = {s.name: s.s_wgrad * max(e["wgrad"] for e in s.errors.values()) for s in stats.layers}
+    total = sum(priced.values())
+    return min(1.0, max(0.0, sum(priced[n] * per_layer[n] for n in priced) / total)) if total > 0 else 1.0
+
+
+class AdamNormalisedWgrad(AdjustedStats):
+    """snip_signal's hooks: at every re-plan, every layer's wgrad WD times the signal fraction of Adam's second moment
+    (`signal_fractions` on the planner's calibration rows of the batch), averaged over the layers with their wgrad WD
+    at the candidates' largest error as weights and clipped to [0, 1]. `fractions`: that factor at each re-plan."""
+
+    def __init__(self, hooks):
+        super().__init__(hooks, adjust=None)
+        self.fractions: list[float] = []
+
+    def adjustment(self, batch, stats: PlannerStats) -> Callable[[LayerStats], LayerStats]:
+        planner = self.hooks.planner
+        rows = planner.config.calib_batch_size
+        per_layer = signal_fractions(planner.model, planner.layers, planner.optimizer,
+                                     batch if rows is None else batch[:rows], planner.loss_fn)
+        fraction = weighted_signal_fraction(stats, per_layer)
+        self.fractions.append(fraction)
+        return lambda s: dataclasses.replace(s, s_wgrad=s.s_wgrad * fraction)
 
 
 def weighted_wd(weights: dict[str, float]) -> Callable[[LayerStats], LayerStats]:
@@ -979,10 +1062,14 @@ def run_quality(run: QualityRun) -> dict:
                            lr_schedule=lr_schedule)
         if adjust := ADJUSTED_STATS.get(base_method(run.method)):
             hooks = AdjustedStats(hooks, adjust(run))
+        elif base_method(run.method) == "snip_signal":
+            hooks = AdamNormalisedWgrad(hooks)
         summary = continue_from(ckpt, run.steps, run.seed, hooks=hooks, **evaluate)
     plans = [dict(h) for h in hooks.planner.history] if hooks else []
     for summary_of_plan, plan in zip(plans, hooks.plans if hooks else []):  # which layer got which precision
         summary_of_plan["precisions"] = {n: p.to_json() for n, p in plan.precisions.items()}
+    for summary_of_plan, fraction in zip(plans, getattr(hooks, "fractions", [])):
+        summary_of_plan["wgrad_signal_fraction"] = fraction
     return {"final_val_loss": summary["final_val_loss"], "val": summary["history"]["val"],
             "fp4_fraction": statistics.mean(h["fp4_fraction"] for h in plans) if plans else
             (1.0 if run.method == "uniform_fp4" else 0.0),
@@ -1126,6 +1213,9 @@ def bench_quality(args) -> None:
           f"checkpoints (an in-sample diagnostic); snip_oracle: snip_lrs with each layer's LD at every re-plan times "
           f"its curvature's growth along the bf16 trajectory from the checkpoint to {args.steps} steps later, to the "
           f"power {args.interval}/{args.steps} (its growth within one plan's life: foresight, a diagnostic); "
+          "snip_signal: snip_lrs with wgrad's WD times the signal share mu^2 / v of Adam's second moment, measured at "
+          "every re-plan from the calibration batch's sequences (one factor for all layers; Adam's normalisation, "
+          "which WD's fixed preconditioner leaves out); "
           f"*{GEMM_SUFFIX}: one precision per GEMM (forward, dgrad, wgrad) instead of per layer; the planner's "
           f"defaults are snip_horizon{GEMM_SUFFIX}; *{DRIFT_SUFFIX}: re-plans spaced by the drift trigger (regret "
           f"threshold {DRIFT:g}, from {drift_schedule(args.interval).min_interval} up to {args.interval} steps apart) "
@@ -1157,6 +1247,15 @@ def bench_quality(args) -> None:
                    f"{', '.join(f'{g:+.4f}' for g in r['draw_mean_gaps'])}): below {r['below_draws']} of them; the "
                    f"draws' mean gap minus {args.claim}'s, paired per seed: {r['advantage_over_draw_mean']:+.4f} +- "
                    f"{r['advantage_standard_error']:.4f} (standard error).", ""]
+    fractions = collections.defaultdict(list)  # snip_signal's factor per phase and re-plan step, over its runs
+    for r in runs:
+        for plan in done.get(r.key, {}).get("plans", []):
+            if "wgrad_signal_fraction" in plan:
+                fractions[r.phase, plan["step"]].append(plan["wgrad_signal_fraction"])
+    if fractions:
+        md += ["snip_signal's factor on wgrad's WD (the signal share of Adam's v), mean [min, max] over its runs: "
+               + "; ".join(f"{phase} steps + {step}: {statistics.mean(f):.3f} [{min(f):.3f}, {max(f):.3f}]"
+                           for (phase, step), f in sorted(fractions.items())) + ".", ""]
     if table:
         plot_quality(table, RESULTS / f"cpu-planner-{args.name}.png",
                      f"{args.preset}: gap to bf16 per method (mean +- std over {len(args.seeds)} seeds)", args.claim)

@@ -21,13 +21,14 @@ def _bench(tmp_path: Path, *args: str) -> None:
 def test_quality_grid(tmp_path):
     _bench(tmp_path, "quality", "--phases", "2", "--budgets", "0.5,0.75", "--seeds", "0,1", "--steps", "2",
            "--interval", "1", "--methods", "bf16,snip,snip_ld,layer_type,uniform_fp4,snip_horizon_gemm,layer_type_gemm,"
-           "random_gemm,random1_gemm,snip_horizon_drift_gemm,layer_type_drift_gemm,snip_cal_gemm,snip_oracle_gemm",
+           "random_gemm,random1_gemm,snip_horizon_drift_gemm,layer_type_drift_gemm,snip_cal_gemm,snip_oracle_gemm,"
+           "snip_signal_gemm",
            "--claim", "snip_horizon_gemm", "--workers", "2", "--eval-batches", "2")
     out = json.loads((tmp_path / "cpu-planner-quality.json").read_text())
     cell = out["table"]["2/0.75"]
     assert set(cell) == {"bf16", "snip", "snip_ld", "layer_type", "uniform_fp4", "snip_horizon_gemm", "layer_type_gemm",
                          "random_gemm", "random1_gemm", "snip_horizon_drift_gemm", "layer_type_drift_gemm", "snip_cal_gemm",
-                         "snip_oracle_gemm"}
+                         "snip_oracle_gemm", "snip_signal_gemm"}
     rank = out["random_ranks"]["2/0.75"]
     assert rank["draws"] == ["random1_gemm", "random_gemm"] and 0 <= rank["below_draws"] <= 2
     assert "random1_gemm" not in (v["best_heuristic"] for v in out["verdicts"].values())  # a draw, not a rival
@@ -48,6 +49,9 @@ def test_quality_grid(tmp_path):
     snip = next(r for k, r in out["runs"].items() if "/0.75/snip/" in k and k.endswith("/e2"))
     assert len(snip["plans"]) == 2 and all(len(p["precisions"]) == 28 for p in snip["plans"])  # 4 blocks x 7 linears
     assert len(snip["val"]["step"]) == 3  # at the start, at the re-plan and at the end
+    signal = next(r for k, r in out["runs"].items() if "/0.75/snip_signal_gemm/" in k)
+    assert all(0 <= p["wgrad_signal_fraction"] <= 1 for p in signal["plans"]) and len(signal["plans"]) == 2
+    assert "snip_signal's factor on wgrad's WD" in (tmp_path / "cpu-planner-quality.md").read_text()
     drift = next(r for k, r in out["runs"].items() if "/0.75/snip_horizon_drift_gemm/" in k)
     assert "regret" not in drift["plans"][0] and all(p["regret"] >= 0 for p in drift["plans"][1:])
 
