@@ -866,6 +866,8 @@ FORESIGHT_BATCHES, FORESIGHT_DRAWS = (7, 8), 8
 # preconditioner 1 / sqrt(v); but Adam divides by sqrt(v) of the noisy gradient. Along a direction where v is mostly
 # noise (mu^2 << v, as here: Adam's m^2 / v is 0.01-0.05 at every checkpoint), the random walk's step variance is
 # lr^2 Var(g) / v = lr^2 (v - mu^2) / v, and extra noise s changes it by lr^2 s mu^2 / v^2: WD's price times mu^2 / v.
+# (That is the flat directions' random walk; in the stiff ones, settled, the excess loss grows as sqrt(v) and the
+# factor is 1/2. Bench scale's measured level is what supports mu^2 / v as the one factor.)
 # One factor for all layers, their signal fractions weighted by their wgrad WD (a layer's own estimate, from the
 # calibration batch's sequences, is too noisy to rank by: split-batch Spearman about 0). Not applied to dgrad, whose
 # error carries the weight operand's quantization error, the same at every step (a bias, which Adam does not average
