@@ -39,7 +39,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -682,23 +682,22 @@ def bench_scale(args) -> None:
         lrs = learning_rates(branch_config(ckpt, args.steps, 0))
         config = DivergenceConfig(wd_horizon=args.steps)
 
-        def stats_of(state: dict) -> tuple[PlannerStats, dict[str, float]]:
-            """The planner's statistics at `state` and its layers' signal fractions (snip_signal's factor)."""
+        def stats_of(state: dict) -> PlannerStats:
             model, opt, layers = model_at(state)
-            loss = lambda m, b: m.loss(b)  # noqa: E731
-            return (measure(model, layers, opt, calibration_batch(), loss, ("fp4",), StatsConfig(), config,
-                            logits_fn=lm_logits, lr_ratios=[lrs(s) / lrs(0) for s in range(args.steps)]),
-                    signal_fractions(model, layers, opt, calibration_batch(), loss))
+            return measure(model, layers, opt, calibration_batch(), lambda m, b: m.loss(b), ("fp4",), StatsConfig(),
+                           config, logits_fn=lm_logits, lr_ratios=[lrs(s) / lrs(0) for s in range(args.steps)])
         # at the branch's start, and `steps` later on the bf16 trajectory (constant lr): how stale the first is
-        (stats, signal), (later, _) = stats_of(ckpt), stats_of(checkpoint(phase + args.steps))
+        stats, later = stats_of(ckpt), stats_of(checkpoint(phase + args.steps))
+        if "wgrad" in args.gemms:  # the layers' signal fractions at the checkpoint (snip_signal's factor)
+            model, opt, layers = model_at(ckpt)
+            signal = signal_fractions(model, layers, opt, calibration_batch(), lambda m, b: m.loss(b))
         for target, block in itertools.product(args.gemms, args.blocks or [None]):
             gemm, in_evaluation = SCALE_TARGETS[target]
             unit, unit_later = (sum(s.ld("fp4") if gemm == "fprop" else s.wd("fp4", gemm) for s in st.layers
                                     if in_block(s.name, block)) for st in (stats, later))
             # wgrad's WD times the signal share of Adam's v over these layers, as snip_signal prices it
-            share = (weighted_signal_fraction(dataclasses.replace(
-                stats, layers=tuple(s for s in stats.layers if in_block(s.name, block))), signal)
-                if gemm == "wgrad" else None)
+            share = (weighted_signal_fraction([s for s in stats.layers if in_block(s.name, block)], signal)
+                     if gemm == "wgrad" else None)
             per_factor = []
             for k in args.amplify:
                 gaps = []
@@ -973,9 +972,10 @@ def signal_fractions(model, layers, optimizer, batch: torch.Tensor, loss_fn) -> 
                 sums[j] += g.float()
                 squares[j] += float(g.double().pow(2).sum())
     pairs = batch.shape[0] * (batch.shape[0] - 1)
+    groups = {p: g for g in optimizer.param_groups for p in g["params"]}
     out = {}
     for name, w, total, square in zip(layers, weights, sums, squares):
-        state, group = optimizer.state.get(w), next(g for g in optimizer.param_groups if any(p is w for p in g["params"]))
+        state, group = optimizer.state.get(w), groups[w]
         if not state or "exp_avg_sq" not in state:
             raise ValueError(f"layer {name!r} has no Adam second moment yet: the signal fraction needs a trained optimizer")
         v_hat = state["exp_avg_sq"].double().sum() / (1 - group["betas"][1] ** float(state["step"]))
@@ -983,10 +983,10 @@ def signal_fractions(model, layers, optimizer, batch: torch.Tensor, loss_fn) -> 
     return out
 
 
-def weighted_signal_fraction(stats: PlannerStats, per_layer: dict[str, float]) -> float:
-    """One signal fraction for the model: the layers' (`signal_fractions`) weighted by their wgrad WD at the candidates'
+def weighted_signal_fraction(layers: Iterable[LayerStats], per_layer: dict[str, float]) -> float:
+    """One signal fraction for `layers`: theirs (`signal_fractions`) weighted by their wgrad WD at the candidates'
     largest error, clipped to [0, 1] (1 where no wgrad is priced)."""
-    priced = {s.name: s.s_wgrad * max(e["wgrad"] for e in s.errors.values()) for s in stats.layers}
+    priced = {s.name: s.s_wgrad * max(e["wgrad"] for e in s.errors.values()) for s in layers}
     total = sum(priced.values())
     return min(1.0, max(0.0, sum(priced[n] * per_layer[n] for n in priced) / total)) if total > 0 else 1.0
 
@@ -997,7 +997,7 @@ class AdamNormalisedWgrad(AdjustedStats):
     at the candidates' largest error as weights and clipped to [0, 1]. `fractions`: that factor at each re-plan."""
 
     def __init__(self, hooks):
-        super().__init__(hooks, adjust=None)
+        super().__init__(hooks, lambda s: dataclasses.replace(s, s_wgrad=s.s_wgrad * self.fractions[-1]))
         self.fractions: list[float] = []
 
     def adjustment(self, batch, stats: PlannerStats) -> Callable[[LayerStats], LayerStats]:
@@ -1005,9 +1005,8 @@ class AdamNormalisedWgrad(AdjustedStats):
         rows = planner.config.calib_batch_size
         per_layer = signal_fractions(planner.model, planner.layers, planner.optimizer,
                                      batch if rows is None else batch[:rows], planner.loss_fn)
-        fraction = weighted_signal_fraction(stats, per_layer)
-        self.fractions.append(fraction)
-        return lambda s: dataclasses.replace(s, s_wgrad=s.s_wgrad * fraction)
+        self.fractions.append(weighted_signal_fraction(stats.layers, per_layer))
+        return self.adjust
 
 
 def weighted_wd(weights: dict[str, float]) -> Callable[[LayerStats], LayerStats]:
@@ -1038,10 +1037,12 @@ def ld_growth(preset: str, phase: int, steps: int) -> dict[str, float]:
     return growth
 
 
-# the diagnostic SNIP variants whose planner solves with adjusted statistics: run -> the adjustment of its stats
+# the diagnostic SNIP variants whose planner solves with adjusted statistics: (run, hooks) -> the hooks that adjust them
 ADJUSTED_STATS = {
-    "snip_cal": lambda run: weighted_wd(CALIBRATED_WD),
-    "snip_oracle": lambda run: foreseen_ld(ld_growth(run.preset, run.phase, run.steps), run.interval / run.steps)}
+    "snip_cal": lambda run, hooks: AdjustedStats(hooks, weighted_wd(CALIBRATED_WD)),
+    "snip_oracle": lambda run, hooks: AdjustedStats(
+        hooks, foreseen_ld(ld_growth(run.preset, run.phase, run.steps), run.interval / run.steps)),
+    "snip_signal": lambda run, hooks: AdamNormalisedWgrad(hooks)}
 
 
 def run_quality(run: QualityRun) -> dict:
@@ -1062,10 +1063,8 @@ def run_quality(run: QualityRun) -> dict:
             lr_schedule = learning_rates(branch_config(ckpt, run.steps, run.seed, **evaluate))
         hooks = make_hooks(planner_config(run.method, run.budget, run.interval), show_table=False, log=lambda m: None,
                            lr_schedule=lr_schedule)
-        if adjust := ADJUSTED_STATS.get(base_method(run.method)):
-            hooks = AdjustedStats(hooks, adjust(run))
-        elif base_method(run.method) == "snip_signal":
-            hooks = AdamNormalisedWgrad(hooks)
+        if adjusted := ADJUSTED_STATS.get(base_method(run.method)):
+            hooks = adjusted(run, hooks)
         summary = continue_from(ckpt, run.steps, run.seed, hooks=hooks, **evaluate)
     plans = [dict(h) for h in hooks.planner.history] if hooks else []
     for summary_of_plan, plan in zip(plans, hooks.plans if hooks else []):  # which layer got which precision
