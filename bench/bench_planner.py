@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 from planner import (Budget, DivergenceConfig, Plan, PlannerConfig, PrecisionSchedule, StatsConfig,  # noqa: E402
                      measure, solve)
 from planner.baselines import block_index  # noqa: E402
-from planner.divergence import lm_logits  # noqa: E402
+from planner.divergence import lm_logits, signal_fractions, weighted_signal_share  # noqa: E402
 from planner.cost import LayerShape, layer_shapes, plan_metrics  # noqa: E402
 from planner.ilp import DEFAULT_LAMBDA, plan_objective  # noqa: E402
 from planner.qerror import gemm_errors, relative_error  # noqa: E402
@@ -173,7 +173,8 @@ def stats_at(ckpt: dict, draws: int, candidates=("fp8", "fp4"), method: str = "a
     """The planner's statistics at the checkpoint, as SnipPlanner measures them (the Fisher curvature from
     the logits unless `method` says otherwise)."""
     model, opt, layers = model_at(ckpt)
-    config = DivergenceConfig(draws=draws, method=method, wd_units=wd_units, wd_horizon=wd_horizon)
+    config = DivergenceConfig(draws=draws, method=method, wd_units=wd_units, wd_horizon=wd_horizon,
+                              wgrad_signal_share=wd_units == "loss")  # the share scales an excess loss only
     return measure(model, layers, opt, calibration_batch(calibration_seed), lambda m, b: m.loss(b), candidates,
                    StatsConfig(), config, logits_fn=lm_logits)
 
@@ -680,7 +681,7 @@ def bench_scale(args) -> None:
     for phase in args.phases:
         ckpt = checkpoint(phase)
         lrs = learning_rates(branch_config(ckpt, args.steps, 0))
-        config = DivergenceConfig(wd_horizon=args.steps)
+        config = DivergenceConfig(wd_horizon=args.steps, wgrad_signal_share=False)  # the share is a column of its own
 
         def stats_of(state: dict) -> PlannerStats:
             model, opt, layers = model_at(state)
@@ -688,15 +689,17 @@ def bench_scale(args) -> None:
                            config, logits_fn=lm_logits, lr_ratios=[lrs(s) / lrs(0) for s in range(args.steps)])
         # at the branch's start, and `steps` later on the bf16 trajectory (constant lr): how stale the first is
         stats, later = stats_of(ckpt), stats_of(checkpoint(phase + args.steps))
-        if "wgrad" in args.gemms:  # the layers' signal fractions at the checkpoint (snip_signal's factor)
+        if "wgrad" in args.gemms:  # the layers' signal fractions at the checkpoint, as the planner measures them
             model, opt, layers = model_at(ckpt)
-            signal = signal_fractions(model, layers, opt, calibration_batch(), lambda m, b: m.loss(b))
+            signal = signal_fractions(record(model, layers, calibration_batch(), lambda m, b: m.loss(b), opt,
+                                             StatsConfig(), sequence_grads=True), layers)
         for target, block in itertools.product(args.gemms, args.blocks or [None]):
             gemm, in_evaluation = SCALE_TARGETS[target]
             unit, unit_later = (sum(s.ld("fp4") if gemm == "fprop" else s.wd("fp4", gemm) for s in st.layers
                                     if in_block(s.name, block)) for st in (stats, later))
-            # wgrad's WD times the signal share of Adam's v over these layers, as snip_signal prices it
-            share = (weighted_signal_fraction([s for s in stats.layers if in_block(s.name, block)], signal)
+            # the signal share of Adam's v over these layers, the planner's factor on their wgrad WD
+            share = (weighted_signal_share({n: f for n, f in signal.items() if in_block(n, block)},
+                                           {s.name: s.s_wgrad for s in stats.layers}, {s.name: s.errors for s in stats.layers})
                      if gemm == "wgrad" else None)
             per_factor = []
             for k in args.amplify:
@@ -741,8 +744,8 @@ def bench_scale(args) -> None:
           + (f" Per block (--blocks): the error in one transformer block's layers only, priced by that block's LD / WD; "
              f"measured / later: against the block's price {args.steps} steps on." if args.blocks else "")
           + (" Signal share (wgrad): the share mu^2 / v of Adam's second moment that is signal, over the layers weighted "
-             "by their wgrad WD at the checkpoint (snip_signal's factor, `signal_fractions` on the calibration batch's "
-             "sequences); / share: measured over predicted x share, 1 where Adam's normalisation is what WD misses."
+             "by their wgrad WD at the checkpoint (the planner's factor, divergence.signal_fractions on the calibration "
+             "batch's sequences); / share: measured over predicted x share, 1 where Adam's normalisation is what WD misses."
              if "wgrad" in args.gemms else ""), "",
           "| checkpoint | GEMM | " + ("block | " if args.blocks else "") + "k | predicted (nats) | predicted later | "
           "measured gap: mean +- SE | per seed | measured / predicted | " + ("measured / later | " if args.blocks else "")
@@ -839,11 +842,15 @@ def bench_staleness(args) -> None:
 # The heuristics of planner.baselines that the quality bench compares SNIP with (uniform_fp8 is no contender).
 HEURISTICS = ("uniform_fp4", "first_last", "layer_type", "min_rel_error", "min_abs_error", "random")
 # SNIP as the paper has it (WD settled), its two terms alone and a smaller weight of WD (the ablation), as
-# PlannerConfig fields; snip_horizon: WD as the excess loss within one re-plan interval. The planner's defaults
-# are snip_horizon_gemm; snip_lrs_gemm is them planned as `snip train` plans, along the run's learning rates.
-SNIP_VARIANTS = {"snip": {}, "snip_ld": {"terms": "ld"}, "snip_wd": {"terms": "wd"}, "snip_lam0.1": {"lam": 0.1},
-                 "snip_horizon": {"wd_horizon": "interval"}, "snip_lrs": {"wd_horizon": "interval"},
-                 "snip_cal": {"wd_horizon": "interval"}, "snip_oracle": {"wd_horizon": "interval"},
+# PlannerConfig fields; snip_horizon: WD as the excess loss within one re-plan interval; snip_signal: that with
+# wgrad's WD times Adam's signal share (divergence.py, "Adam's signal share"). The planner's defaults are
+# snip_signal_gemm; snip_signal_gemm and snip_lrs_gemm are planned as `snip train` plans, along the run's learning
+# rates. Every variant but snip_signal prices wgrad without the signal share, as the planner did before it.
+WITHOUT_SIGNAL_SHARE = {"divergence": DivergenceConfig(wgrad_signal_share=False)}
+SNIP_VARIANTS = {"snip": WITHOUT_SIGNAL_SHARE, "snip_ld": {"terms": "ld", **WITHOUT_SIGNAL_SHARE},
+                 "snip_wd": {"terms": "wd", **WITHOUT_SIGNAL_SHARE}, "snip_lam0.1": {"lam": 0.1, **WITHOUT_SIGNAL_SHARE},
+                 **{m: {"wd_horizon": "interval", **WITHOUT_SIGNAL_SHARE}
+                    for m in ("snip_horizon", "snip_lrs", "snip_cal", "snip_oracle")},
                  "snip_signal": {"wd_horizon": "interval"}}
 # SNIP variants whose WD horizon follows the branch's learning-rate decay (SnipPlanner's lr_schedule)
 LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle", "snip_signal")
@@ -860,18 +867,6 @@ CALIBRATED_WD = {"dgrad": 1.65, "wgrad": 0.16}
 # plan's life at a constant rate. Foresight no planner has: a diagnostic of how much of SNIP's early gap LD's
 # staleness explains (LD grows up to 60x per 100 steps at the 100-step checkpoint, bench staleness), not a method
 FORESIGHT_BATCHES, FORESIGHT_DRAWS = (7, 8), 8
-# snip_signal: snip_lrs with wgrad's WD times the share of Adam's second moment v that is signal, mu^2 / v (mu the
-# expected gradient), measured at every re-plan (signal_fractions). WD prices noise of variance s at a fixed
-# preconditioner 1 / sqrt(v); but Adam divides by sqrt(v) of the noisy gradient. Along a direction where v is mostly
-# noise (mu^2 << v, as here: Adam's m^2 / v is 0.01-0.05 at every checkpoint), the random walk's step variance is
-# lr^2 Var(g) / v = lr^2 (v - mu^2) / v, and extra noise s changes it by lr^2 s mu^2 / v^2: WD's price times mu^2 / v.
-# (That is the flat directions' random walk; in the stiff ones, settled, the excess loss grows as sqrt(v) and the
-# factor is 1/2. Bench scale's measured level is what supports mu^2 / v as the one factor.)
-# One factor for all layers, their signal fractions weighted by their wgrad WD (a layer's own estimate, from the
-# calibration batch's sequences, is too noisy to rank by: split-batch Spearman about 0). Not applied to dgrad, whose
-# error carries the weight operand's quantization error, the same at every step (a bias, which Adam does not average
-# away; bench scale prices dgrad too low, not too high). A diagnostic of whether Adam's normalisation is what WD misses
-# (bench scale: wgrad costs 0.22x its WD at 400 steps, 0.04-0.12x at 1200), not yet a planner default
 ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
 # a planned method's name + GEMM_SUFFIX: the same method with one precision per GEMM instead of per layer
 GEMM_SUFFIX = "_gemm"
@@ -941,72 +936,14 @@ class AdjustedStats:
     def __getattr__(self, name):
         return getattr(self.hooks, name)
 
-    def adjustment(self, batch, stats: PlannerStats) -> Callable[[LayerStats], LayerStats]:
-        """The adjustment of the statistics `stats` measured on `batch` (a fixed one here)."""
-        return self.adjust
-
     def on_setup(self, model, opt) -> None:
         self.hooks.on_setup(model, opt)
         measure = self.hooks.planner.measure
 
         def adjusted(batch, *args, **kwargs) -> PlannerStats:
             stats = measure(batch, *args, **kwargs)
-            adjust = self.adjustment(batch, stats)
-            return dataclasses.replace(stats, layers=tuple(adjust(s) for s in stats.layers))
+            return dataclasses.replace(stats, layers=tuple(self.adjust(s) for s in stats.layers))
         self.hooks.planner.measure = adjusted
-
-
-def signal_fractions(model, layers, optimizer, batch: torch.Tensor, loss_fn) -> dict[str, float]:
-    """{layer: ||mu||^2 / sum(v_hat)} for every layer's weight: mu the expected gradient of one sequence's loss,
-    estimated without bias from the gradients g_a of the batch's B sequences as sum_{a != b} g_a . g_b / (B (B - 1))
-    (independent sequences: E g_a . g_b = ||mu||^2); v_hat Adam's bias-corrected second moment (its training batches'
-    gradients: mu^2 plus their noise). Can read below 0 where the signal is below the estimate's noise."""
-    if not torch.is_tensor(batch) or batch.shape[0] < 2:
-        raise ValueError("the signal fraction needs a tensor batch of at least 2 sequences")
-    weights = [m.weight for m in layers.values()]
-    sums = [torch.zeros_like(w, dtype=torch.float32) for w in weights]
-    squares = [0.0] * len(weights)
-    with high_precision(layers):
-        for row in range(batch.shape[0]):
-            for j, g in enumerate(torch.autograd.grad(loss_fn(model, batch[row:row + 1]), weights)):
-                sums[j] += g.float()
-                squares[j] += float(g.double().pow(2).sum())
-    pairs = batch.shape[0] * (batch.shape[0] - 1)
-    groups = {p: g for g in optimizer.param_groups for p in g["params"]}
-    out = {}
-    for name, w, total, square in zip(layers, weights, sums, squares):
-        state, group = optimizer.state.get(w), groups[w]
-        if not state or "exp_avg_sq" not in state:
-            raise ValueError(f"layer {name!r} has no Adam second moment yet: the signal fraction needs a trained optimizer")
-        v_hat = state["exp_avg_sq"].double().sum() / (1 - group["betas"][1] ** float(state["step"]))
-        out[name] = (float(total.double().pow(2).sum()) - square) / pairs / float(v_hat)
-    return out
-
-
-def weighted_signal_fraction(layers: Iterable[LayerStats], per_layer: dict[str, float]) -> float:
-    """One signal fraction for `layers`: theirs (`signal_fractions`) weighted by their wgrad WD at the candidates'
-    largest error, clipped to [0, 1] (1 where no wgrad is priced)."""
-    priced = {s.name: s.s_wgrad * max(e["wgrad"] for e in s.errors.values()) for s in layers}
-    total = sum(priced.values())
-    return min(1.0, max(0.0, sum(priced[n] * per_layer[n] for n in priced) / total)) if total > 0 else 1.0
-
-
-class AdamNormalisedWgrad(AdjustedStats):
-    """snip_signal's hooks: at every re-plan, every layer's wgrad WD times the signal fraction of Adam's second moment
-    (`signal_fractions` on the planner's calibration rows of the batch), averaged over the layers with their wgrad WD
-    at the candidates' largest error as weights and clipped to [0, 1]. `fractions`: that factor at each re-plan."""
-
-    def __init__(self, hooks):
-        super().__init__(hooks, lambda s: dataclasses.replace(s, s_wgrad=s.s_wgrad * self.fractions[-1]))
-        self.fractions: list[float] = []
-
-    def adjustment(self, batch, stats: PlannerStats) -> Callable[[LayerStats], LayerStats]:
-        planner = self.hooks.planner
-        rows = planner.config.calib_batch_size
-        per_layer = signal_fractions(planner.model, planner.layers, planner.optimizer,
-                                     batch if rows is None else batch[:rows], planner.loss_fn)
-        self.fractions.append(weighted_signal_fraction(stats.layers, per_layer))
-        return self.adjust
 
 
 def weighted_wd(weights: dict[str, float]) -> Callable[[LayerStats], LayerStats]:
@@ -1041,8 +978,7 @@ def ld_growth(preset: str, phase: int, steps: int) -> dict[str, float]:
 ADJUSTED_STATS = {
     "snip_cal": lambda run, hooks: AdjustedStats(hooks, weighted_wd(CALIBRATED_WD)),
     "snip_oracle": lambda run, hooks: AdjustedStats(
-        hooks, foreseen_ld(ld_growth(run.preset, run.phase, run.steps), run.interval / run.steps)),
-    "snip_signal": lambda run, hooks: AdamNormalisedWgrad(hooks)}
+        hooks, foreseen_ld(ld_growth(run.preset, run.phase, run.steps), run.interval / run.steps))}
 
 
 def run_quality(run: QualityRun) -> dict:
@@ -1069,8 +1005,6 @@ def run_quality(run: QualityRun) -> dict:
     plans = [dict(h) for h in hooks.planner.history] if hooks else []
     for summary_of_plan, plan in zip(plans, hooks.plans if hooks else []):  # which layer got which precision
         summary_of_plan["precisions"] = {n: p.to_json() for n, p in plan.precisions.items()}
-    for summary_of_plan, fraction in zip(plans, getattr(hooks, "fractions", [])):
-        summary_of_plan["wgrad_signal_fraction"] = fraction
     return {"final_val_loss": summary["final_val_loss"], "val": summary["history"]["val"],
             "fp4_fraction": statistics.mean(h["fp4_fraction"] for h in plans) if plans else
             (1.0 if run.method == "uniform_fp4" else 0.0),
@@ -1216,9 +1150,9 @@ def bench_quality(args) -> None:
           f"power {args.interval}/{args.steps} (its growth within one plan's life: foresight, a diagnostic); "
           "snip_signal: snip_lrs with wgrad's WD times the signal share mu^2 / v of Adam's second moment, measured at "
           "every re-plan from the calibration batch's sequences (one factor for all layers; Adam's normalisation, "
-          "which WD's fixed preconditioner leaves out); "
+          "which WD's fixed preconditioner leaves out); every other SNIP variant prices wgrad without it; "
           f"*{GEMM_SUFFIX}: one precision per GEMM (forward, dgrad, wgrad) instead of per layer; the planner's "
-          f"defaults are snip_horizon{GEMM_SUFFIX}; *{DRIFT_SUFFIX}: re-plans spaced by the drift trigger (regret "
+          f"defaults are snip_signal{GEMM_SUFFIX}, as snip train plans; *{DRIFT_SUFFIX}: re-plans spaced by the drift trigger (regret "
           f"threshold {DRIFT:g}, from {drift_schedule(args.interval).min_interval} up to {args.interval} steps apart) "
           "instead of every interval. Above FP4: of the GEMMs a method's plans keep above FP4 (every re-plan, every "
           "seed), the share that are forward, dgrad and wgrad GEMMs (by count).", ""]
@@ -1251,8 +1185,8 @@ def bench_quality(args) -> None:
     fractions = collections.defaultdict(list)  # snip_signal's factor per phase and re-plan step, over its runs
     for r in runs:
         for plan in done.get(r.key, {}).get("plans", []):
-            if "wgrad_signal_fraction" in plan:
-                fractions[r.phase, plan["step"]].append(plan["wgrad_signal_fraction"])
+            if "wgrad_signal_share" in plan:
+                fractions[r.phase, plan["step"]].append(plan["wgrad_signal_share"])
     if fractions:
         md += ["snip_signal's factor on wgrad's WD (the signal share of Adam's v), mean [min, max] over its runs: "
                + "; ".join(f"{phase} steps + {step}: {statistics.mean(f):.3f} [{min(f):.3f}, {max(f):.3f}]"

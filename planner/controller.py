@@ -215,8 +215,9 @@ class SnipPlanner:
         self.install(plan)
         t2 = time.perf_counter()
         drift = {} if regret is None else {"regret": regret, "next_step": self.schedule_state.next_step}
+        share = {k: stats.diagnostics[k] for k in ("wgrad_signal_share",) if k in stats.diagnostics}
         self.history.append({"step": step, "why": list(reasons or ["requested"]), "measure_s": t1 - t0,
-                             "solve_s": t2 - t1, "budget": plan.budget, **dict(plan.metrics), **drift})
+                             "solve_s": t2 - t1, "budget": plan.budget, **dict(plan.metrics), **share, **drift})
         self.log(f"planner: step {step}: {plan.method} plan, FP4 FLOPs {100 * plan.metrics['fp4_fraction']:.1f}%, "
                  f"cost {plan.metrics['relative_cost']:.3f} x bf16, measured in {t1 - t0:.1f}s, "
                  f"solved in {t2 - t1:.2f}s")

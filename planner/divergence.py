@@ -69,16 +69,37 @@ so the horizon saturates sooner and WD leans towards its settled value. Given th
 horizon's steps (`measure`'s lr_ratios: a schedule's decay), the factor 1 - exp(-2 T lr D_i G_ii) becomes
 its counterpart under that schedule (planner.horizon).
 
+Adam's signal share.  WD prices gradient noise at a fixed preconditioner D = 1/(sqrt(v_hat) + eps). But
+Adam divides by the sqrt(v) of the noisy gradient, and in a direction where v is mostly noise (v = mu^2 +
+Var(g), mu the expected gradient, mu^2 << v) the random walk's step variance is lr^2 Var(g) / v =
+lr^2 (v - mu^2) / v: extra noise s raises v as much as Var(g), so it changes the walk by WD's price times
+mu^2 / v only (in the settled, stiff directions the excess loss grows as sqrt(v) and the factor is 1/2).
+With `wgrad_signal_share` (default), every layer's s_wgrad is multiplied by the signal share of Adam's
+second moment, measured on the calibration batch: per layer,
+    f_l = ||mu_l||^2 / sum(v_hat_l),   ||mu_l||^2 = B (||dW_l||^2 - sum_s ||dW_l,s||^2) / (B - 1)
+with dW_l the batch loss's weight gradient and dW_l,s = dy_s^T x_s its share from sequence s of the B in
+the batch (independent sequences: sum_{a != b} dW_a . dW_b estimates ||mu||^2 without bias; the statistics
+pass measures sum_s ||dW_s||^2, stats.sequence_grad_sq), v_hat that of the next update (stats.Preconditioner).
+One layer's f_l is too noisy to rank by (its split-batch rank correlation is about 0 on the tiny preset), so
+one factor serves all layers: the f_l weighted by s_wgrad(l) times the layer's largest wgrad error among the
+candidates, clipped to [0, 1] (diagnostics["wgrad_signal_share"]). dgrad keeps its price: its error carries the
+weight operand's quantization error, the same at every step, a bias that Adam does not average away. The
+estimate needs the batch's sequences as the leading dimension of every planned layer's input and sequences
+that do not interact (no batch normalisation); without that layout WD keeps its price and a warning says so.
+
 Cost (D = draws): "fisher" 1 forward + D backwards for LD (and the Gauss-Newton diagonal), "batched"
 2D forward+backward passes; D forwards for WD; plus the statistics pass and the quantization errors.
-Extra memory: the graph of one forward (fisher) or the noise of every layer output (batched) during LD,
-two parameter-sized copies (theta and the direction) during WD, and one (the diagonal) with wd_horizon.
+The signal share costs one more weight-gradient GEMM per layer in the statistics pass (or the two T x T Gram
+products per sequence, when cheaper). Extra memory: the graph of one forward (fisher) or the noise of every
+layer output (batched) during LD, two parameter-sized copies (theta and the direction) during WD, and one (the
+diagonal) with wd_horizon; the statistics pass holds every layer's input to its backward for the signal share.
 """
 
 from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterable, Literal, Mapping, Sequence
 
@@ -91,7 +112,8 @@ from .qerror import gemm_errors
 from .stats import (WD_UNITS, LayerStats, LossFn, PlannerStats, Recording, StatsConfig, gradient_noise_loss,
                     gradient_variance, high_precision, isolated_rng, record)
 
-__all__ = ["DivergenceConfig", "LogitsFn", "lm_logits", "loss_curvature", "weight_sensitivity", "measure"]
+__all__ = ["DivergenceConfig", "LogitsFn", "lm_logits", "loss_curvature", "weight_sensitivity", "signal_fractions",
+           "weighted_signal_share", "measure"]
 
 # (model, batch) -> logits [..., vocabulary] whose softmax is the model's prediction at every position the
 # loss averages over (see the module docstring, method "fisher").
@@ -119,6 +141,7 @@ class DivergenceConfig:
     wd_units: Literal["loss", "update"] = "loss"
     wd_horizon: int | None = None  # WD as the excess loss after this many steps (None: settled), see above;
                                    # the planner sets it to its re-plan interval (PlannerConfig.wd_horizon)
+    wgrad_signal_share: bool = True  # wgrad's WD times the signal share of Adam's second moment, see above
     seed: int = 0
 
     def __post_init__(self):
@@ -137,6 +160,9 @@ class DivergenceConfig:
                 raise ValueError(f"wd_horizon must be >= 1 step or None, got {self.wd_horizon}")
             if self.wd_units != "loss":
                 raise ValueError(f"wd_horizon needs wd_units 'loss' (an excess loss), got {self.wd_units!r}")
+        if self.wgrad_signal_share and self.wd_units != "loss":
+            raise ValueError(f"wgrad_signal_share scales an excess loss: it needs wd_units 'loss', got "
+                             f"{self.wd_units!r} (pass wgrad_signal_share=False)")
 
 
 def _generator(seed: int, key: tuple[int, ...], device: torch.device) -> torch.Generator:
@@ -339,6 +365,34 @@ def weight_sensitivity(model, layers: Mapping[str, nn.Linear], batch, loss_fn: L
     return s_dgrad, s_wgrad
 
 
+def signal_fractions(rec: Recording, layers: Mapping[str, nn.Linear]) -> dict[str, float]:
+    """{layer: f_l = ||mu_l||^2 / sum(v_hat_l)} for every layer whose weight the optimizer trains, from a recording
+    with sequence_grads (see the module docstring, "Adam's signal share"). Reads below 0 where the signal is below
+    the estimate's noise."""
+    if rec.sequences is None:
+        raise ValueError("the signal fractions need the per-sequence gradients: record(..., sequence_grads=True) on "
+                         "a batch of >= 2 sequences laid out as the leading dimension of every layer's input")
+    out = {}
+    for name, r in rec.layers.items():
+        v = rec.preconditioner.second_moment_sum.get(layers[name].weight)
+        if v:
+            pairs = float(r.weight_grad.double().pow(2).sum()) - r.sequence_grad_sq  # sum_{a != b} dW_a . dW_b
+            out[name] = pairs * rec.sequences / (rec.sequences - 1) / v
+    return out
+
+
+def weighted_signal_share(fractions: Mapping[str, float], s_wgrad: Mapping[str, float],
+                          errors: Mapping[str, Mapping[str, Mapping[str, float]]]) -> float:
+    """One signal share for the layers of `fractions`: their f_l weighted by s_wgrad(l) times the layer's largest
+    wgrad error over the candidates (`errors`: layer -> precision -> GEMM -> error), clipped to [0, 1]; 1 where
+    no layer's wgrad has a price."""
+    weights = {n: s_wgrad[n] * max(e["wgrad"] for e in errors[n].values()) for n in fractions}
+    total = sum(weights.values())
+    if not total > 0:
+        return 1.0
+    return min(1.0, max(0.0, sum(weights[n] * f for n, f in fractions.items()) / total))
+
+
 def measure(model: nn.Module, layers: Mapping[str, nn.Linear], optimizer: torch.optim.Optimizer | None, batch,
             loss_fn: LossFn, candidates: Iterable[str], stats_config: StatsConfig = StatsConfig(),
             config: DivergenceConfig = DivergenceConfig(), step: int | None = None,
@@ -358,7 +412,7 @@ def measure(model: nn.Module, layers: Mapping[str, nn.Linear], optimizer: torch.
     seed = stats_config.seed
     times = {}
     t = time.perf_counter()
-    rec = record(model, layers, batch, loss_fn, optimizer, stats_config)
+    rec = record(model, layers, batch, loss_fn, optimizer, stats_config, sequence_grads=config.wgrad_signal_share)
     times["time_record_s"] = time.perf_counter() - t
     t = time.perf_counter()
     errors = {n: gemm_errors(r, candidates, seed) for n, r in rec.layers.items()}
@@ -396,6 +450,15 @@ def measure(model: nn.Module, layers: Mapping[str, nn.Linear], optimizer: torch.
         t = time.perf_counter()
         s_dgrad, s_wgrad = weight_sensitivity(model, layers, batch, loss_fn, rec, grad_in_rms, config, seed)
         times["time_weight_divergence_s"] = time.perf_counter() - t
+    if config.wgrad_signal_share:
+        if rec.sequences is None:
+            warnings.warn("wgrad_signal_share: the batch's sequences are not the leading dimension of every planned "
+                          "layer's input (or there is only one), so wgrad's WD keeps its price; pass "
+                          "DivergenceConfig(wgrad_signal_share=False) to silence this", stacklevel=2)
+        else:
+            share = weighted_signal_share(signal_fractions(rec, layers), s_wgrad, errors)
+            s_wgrad = {n: v * share for n, v in s_wgrad.items()}
+            diag["wgrad_signal_share"] = share
     out = []
     for n, r in rec.layers.items():
         out.append(LayerStats(

@@ -8,6 +8,9 @@ with every `SnipLinear` switched to bf16, and keeps per layer:
 * the RMS of the layer output y and of its gradient dy over the whole batch;
 * the weight gradient dW (from `torch.autograd.grad`, so `.grad` of the parameters is never touched:
   the gradients of this pass are one parameter-sized copy, outside the operand cap);
+* optionally (`sequence_grads`), sum_s ||dW_s||^2 over the batch's sequences s, dW_s = dy_s^T x_s the
+  sequence's share of dW: what separates the gradient's signal from its noise (divergence.py,
+  "Adam's signal share");
 
 and, for the whole model, the Adam preconditioner of the next update (see `adam_preconditioner`).
 All hooks are removed before returning; the RNG state of the caller is restored, so the training
@@ -35,7 +38,7 @@ from .cost import LayerShape
 __all__ = [
     "StatsConfig", "LayerRecording", "Preconditioner", "Recording", "record", "adam_preconditioner",
     "high_precision", "isolated_rng", "batch_rows", "first_rows", "gradient_variance", "gradient_noise_loss",
-    "LayerStats", "PlannerStats", "WD_UNITS", "mean_stats",
+    "sequence_grad_sq", "LayerStats", "PlannerStats", "WD_UNITS", "mean_stats",
 ]
 
 LossFn = Callable[[nn.Module, object], torch.Tensor]
@@ -82,6 +85,7 @@ class LayerRecording:
     out_rms: float             # RMS of y over the whole batch
     grad_out_rms: float        # RMS of dy over the whole batch
     weight_grad: torch.Tensor  # dW over the whole batch
+    sequence_grad_sq: float | None = None  # sum_s ||dy_s^T x_s||^2 over the batch's sequences (record's sequence_grads)
 
 
 @dataclass
@@ -95,6 +99,7 @@ class Preconditioner:
     response to g, is of the same order when beta2 is not close to 1 (0.95 here) and is kept so that
     scale * delta_g is the first-order change of the update. `update_sq_norm` is ||u||^2 over all
     parameters, the clean update (weight decay excluded: it does not depend on gradients).
+    `second_moment_sum[p]` is sum(v_hat) over p's entries, the v_hat of that update.
 
     `excess_loss_weight[p]` is lr / (4 (sqrt(v_hat) + eps)) elementwise: gradient noise of variance
     s_i on parameter i raises the training loss, once the optimizer has settled with it, by
@@ -107,6 +112,7 @@ class Preconditioner:
     update_sq_norm: float
     source: str
     excess_loss_weight: dict[nn.Parameter, torch.Tensor] = field(default_factory=dict)
+    second_moment_sum: dict[nn.Parameter, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -115,6 +121,7 @@ class Recording:
     layers: dict[str, LayerRecording]
     grads: dict[nn.Parameter, torch.Tensor]
     preconditioner: Preconditioner
+    sequences: int | None = None  # the batch's sequences behind every layer's sequence_grad_sq (None: not measured)
 
 
 @contextlib.contextmanager
@@ -160,7 +167,7 @@ def adam_preconditioner(optimizer: torch.optim.Optimizer | None,
         for group in optimizer.param_groups:
             for p in group["params"]:
                 groups[p] = group
-    scale, weight, total, fallback = {}, {}, 0.0, 0
+    scale, weight, second_moment, total, fallback = {}, {}, {}, 0.0, 0
     for p, g in grads.items():
         if optimizer is not None and p not in groups:
             continue  # not trained by this optimizer: its update cannot change
@@ -178,11 +185,13 @@ def adam_preconditioner(optimizer: torch.optim.Optimizer | None,
             denom = root + eps
             d_root = torch.where(root > 0, (1 - b2) * g / ((1 - b2 ** t) * root.clamp_min(1e-30)), 0.0)
             scale[p] = (1 - b1) / (1 - b1 ** t) / denom - m_hat * d_root / denom.pow(2)
+            second_moment[p] = float(v_hat.double().sum())
         else:
             fallback += 1
             denom = g.pow(2).mean().sqrt() + eps
             m_hat = g
             scale[p] = (1.0 / denom).expand_as(g)
+            second_moment[p] = float(g.double().pow(2).sum())
         weight[p] = (float(group.get("lr", default_lr)) / 4 / denom).expand_as(g)
         total += float((m_hat / denom).pow(2).sum())
     if not scale:
@@ -193,22 +202,56 @@ def adam_preconditioner(optimizer: torch.optim.Optimizer | None,
         source = "gradient second moment per tensor (the optimizer has no Adam state yet)"
     else:
         source = f"adam state; {fallback} of {len(scale)} tensors without state use their gradient second moment"
-    return Preconditioner(scale, total, source, weight)
+    return Preconditioner(scale, total, source, weight, second_moment)
+
+
+def sequence_grad_sq(x: torch.Tensor, dy: torch.Tensor, memory_cap_bytes: int) -> float:
+    """sum_s ||dy_s^T x_s||_F^2 over the leading dimension s of x [S, ..., K] and dy [S, ..., N] (float32 sums, the
+    chunks added in float64; a float64 sum over the products would cost 3x the products themselves on a CPU):
+    the squared norms of each sequence's share of a linear layer's weight gradient. For T rows per sequence,
+    through the T x T Gram matrices, sum (x_s x_s^T) * (dy_s dy_s^T), when that is cheaper (T (K + N) < K N),
+    else through the products dy_s^T x_s; sequences in chunks whose intermediates fit `memory_cap_bytes`."""
+    if x.shape[0] != dy.shape[0] or x.shape[:-1] != dy.shape[:-1]:
+        raise ValueError(f"x {tuple(x.shape)} and dy {tuple(dy.shape)} do not share their leading dimensions")
+    s = x.shape[0]
+    x, dy = x.reshape(s, -1, x.shape[-1]), dy.reshape(s, -1, dy.shape[-1])
+    t, k, n = x.shape[1], x.shape[2], dy.shape[2]
+    gram = t * (k + n) < k * n
+    chunk = max(1, memory_cap_bytes // (4 * (2 * t * t if gram else k * n)))
+    total = 0.0
+    for i in range(0, s, chunk):
+        xs, ds = x[i:i + chunk].float(), dy[i:i + chunk].float()
+        if gram:
+            total += float(((xs @ xs.transpose(1, 2)) * (ds @ ds.transpose(1, 2))).sum())
+        else:
+            total += float(torch.linalg.vector_norm(ds.transpose(1, 2) @ xs)) ** 2
+    return total
 
 
 def record(model: nn.Module, layers: Mapping[str, nn.Linear], batch, loss_fn: LossFn,
-           optimizer: torch.optim.Optimizer | None, config: StatsConfig = StatsConfig()) -> Recording:
-    """One high-precision forward/backward on `batch` that records what the planner needs."""
+           optimizer: torch.optim.Optimizer | None, config: StatsConfig = StatsConfig(),
+           sequence_grads: bool = False) -> Recording:
+    """One high-precision forward/backward on `batch` that records what the planner needs. With
+    `sequence_grads`, also every layer's sequence_grad_sq when the batch's S >= 2 sequences (batch_rows) are
+    the leading dimension of every planned layer's input [S, ..., K]; otherwise Recording.sequences is None."""
     rows = config.rows_per_layer(layers)
     device = next(iter(layers.values())).weight.device
     recs: dict[str, LayerRecording] = {}
     handles = []
+    sequences = batch_rows(batch) if sequence_grads else None
+    if sequences is not None and sequences < 2:
+        sequences = None  # one sequence has no spread to measure
 
     def forward_hook(name: str):
         def hook(mod, args, out):
             if name in recs:
                 raise RuntimeError(f"layer {name!r} ran twice in one forward; the planner needs one call per layer")
-            x = args[0].detach().reshape(-1, mod.in_features)
+            nonlocal sequences
+            full = args[0].detach()
+            if sequences is not None and (full.dim() < 3 or full.shape[0] != sequences):
+                sequences = None  # this layer's rows are not laid out by sequence
+            per_sequence = full if sequences is not None else None  # held to the backward only when needed
+            x = full.reshape(-1, mod.in_features)
             gen = torch.Generator().manual_seed(config.seed)
             idx = torch.randperm(x.shape[0], generator=gen)[:rows].sort().values.to(x.device)
             recs[name] = LayerRecording(
@@ -219,6 +262,8 @@ def record(model: nn.Module, layers: Mapping[str, nn.Linear], batch, loss_fn: Lo
                 dy = g.detach().reshape(-1, mod.out_features)
                 recs[name].dy = dy[idx].float().clone()
                 recs[name].grad_out_rms = _rms(dy)
+                if sequences is not None:  # every layer's forward ran first: each kept its input
+                    recs[name].sequence_grad_sq = sequence_grad_sq(per_sequence, g.detach(), config.memory_cap_bytes)
 
             if out.requires_grad:
                 out.register_hook(grad_hook)
@@ -243,7 +288,7 @@ def record(model: nn.Module, layers: Mapping[str, nn.Linear], batch, loss_fn: Lo
     loss = float(loss.detach())
     if not math.isfinite(loss):
         raise FloatingPointError(f"the calibration loss is {loss}; cannot plan from a non-finite loss")
-    return Recording(loss, recs, grad_of, adam_preconditioner(optimizer, grad_of, config.default_lr))
+    return Recording(loss, recs, grad_of, adam_preconditioner(optimizer, grad_of, config.default_lr), sequences)
 
 
 def batch_rows(batch) -> int | None:

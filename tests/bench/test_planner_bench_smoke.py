@@ -50,7 +50,7 @@ def test_quality_grid(tmp_path):
     assert len(snip["plans"]) == 2 and all(len(p["precisions"]) == 28 for p in snip["plans"])  # 4 blocks x 7 linears
     assert len(snip["val"]["step"]) == 3  # at the start, at the re-plan and at the end
     signal = next(r for k, r in out["runs"].items() if "/0.75/snip_signal_gemm/" in k)
-    assert all(0 <= p["wgrad_signal_fraction"] <= 1 for p in signal["plans"]) and len(signal["plans"]) == 2
+    assert all(0 <= p["wgrad_signal_share"] <= 1 for p in signal["plans"]) and len(signal["plans"]) == 2
     assert "snip_signal's factor on wgrad's WD" in (tmp_path / "cpu-planner-quality.md").read_text()
     drift = next(r for k, r in out["runs"].items() if "/0.75/snip_horizon_drift_gemm/" in k)
     assert "regret" not in drift["plans"][0] and all(p["regret"] >= 0 for p in drift["plans"][1:])

@@ -193,9 +193,9 @@ def test_config_errors():
     with pytest.raises(ValueError, match="PlannerConfig.wd_horizon"):
         PlannerConfig(divergence=DivergenceConfig(wd_horizon=5))
     with pytest.raises(ValueError, match="has no horizon"):
-        PlannerConfig(divergence=DivergenceConfig(wd_units="update"))
-    assert PlannerConfig(wd_horizon="settled", divergence=DivergenceConfig(wd_units="update")).divergence_config \
-        == DivergenceConfig(wd_units="update")
+        PlannerConfig(divergence=DivergenceConfig(wd_units="update", wgrad_signal_share=False))
+    update_units = DivergenceConfig(wd_units="update", wgrad_signal_share=False)
+    assert PlannerConfig(wd_horizon="settled", divergence=update_units).divergence_config == update_units
     model, opt, _ = setup()
     with pytest.raises(TypeError, match="no .loss"):
         SnipPlanner(nn.Sequential(nn.Linear(4, 4)), None, PlannerConfig(**FAST)).step(0, torch.randn(2, 4))

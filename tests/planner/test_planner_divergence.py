@@ -296,7 +296,7 @@ def test_loss_unit_wd_is_the_stationary_excess_loss_weight():
     for a, b in zip(base.layers, doubled.layers):
         assert b.s_wgrad == 2 * a.s_wgrad
         assert b.s_dgrad == pytest.approx(2 * a.s_dgrad, rel=1e-3)
-    update = measure(**{**kw, "config": DivergenceConfig(draws=1, method="batched", wd_units="update")})
+    update = measure(**{**kw, "config": DivergenceConfig(draws=1, method="batched", wd_units="update", wgrad_signal_share=False)})
     assert update.wd_units == "update" and all(s.s_wgrad > 0 and s.s_dgrad > 0 for s in update.layers)
 
 
@@ -317,9 +317,10 @@ def test_horizon_wd_is_the_excess_loss_reached_within_the_horizon():
     batch = torch.randint(0, 24, (2, 5), generator=gen)
     kw = dict(model=model, layers=layers, optimizer=opt, batch=batch, loss_fn=loss_fn, candidates=("fp4",),
               stats_config=StatsConfig(max_rows=16), logits_fn=lm_logits)
-    settled = measure(**kw, config=DivergenceConfig(draws=2))
-    long = measure(**kw, config=DivergenceConfig(draws=2, wd_horizon=10**12))
-    short = [measure(**kw, config=DivergenceConfig(draws=8, wd_horizon=1, seed=s)) for s in range(12)]
+    plain = DivergenceConfig(draws=2, wgrad_signal_share=False)  # the horizon's formula, without the signal share
+    settled = measure(**kw, config=plain)
+    long = measure(**kw, config=dataclasses.replace(plain, wd_horizon=10**12))
+    short = [measure(**kw, config=dataclasses.replace(plain, draws=8, wd_horizon=1, seed=s)) for s in range(12)]
     for a, b in zip(settled.layers, long.layers):
         assert b.s_wgrad == pytest.approx(a.s_wgrad, rel=1e-6) and b.curvature == a.curvature
     for m in short:
@@ -373,7 +374,7 @@ def test_horizon_wd_needs_loss_units_and_a_batch_to_halve_without_logits():
     with pytest.raises(ValueError, match="wd_horizon must be"):
         DivergenceConfig(wd_horizon=0)
     with pytest.raises(ValueError, match="wd_units 'loss'"):
-        DivergenceConfig(wd_horizon=10, wd_units="update")
+        DivergenceConfig(wd_horizon=10, wd_units="update", wgrad_signal_share=False)
     model, opt, layers, batch = trained_tiny(1)
     with pytest.raises(ValueError, match=">= 2 rows in every tensor"):
         measure(model, layers, opt, batch[:1], loss_fn, ("fp4",), StatsConfig(max_rows=16),
@@ -387,8 +388,8 @@ def test_horizon_wd_without_logits_reads_the_gauss_newton_diagonal_from_the_grad
     model, opt, layers, batch = trained_tiny()
     kw = dict(model=model, layers=layers, optimizer=opt, batch=batch, loss_fn=loss_fn, candidates=("fp4",),
               stats_config=StatsConfig(max_rows=64))
-    settled = measure(**kw, config=DivergenceConfig(draws=1))
-    horizon = measure(**kw, config=DivergenceConfig(draws=1, wd_horizon=20))
+    settled = measure(**kw, config=DivergenceConfig(draws=1, wgrad_signal_share=False))  # the horizon's formula alone
+    horizon = measure(**kw, config=DivergenceConfig(draws=1, wd_horizon=20, wgrad_signal_share=False))
     params = [p for p in model.parameters() if p.requires_grad]
     full = torch.autograd.grad(model.loss(batch), params)
     half = torch.autograd.grad(model.loss(batch[:2]), params)
