@@ -52,7 +52,9 @@ def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
 def _emulated_gemms(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, r, seed: int) -> dict[str, torch.Tensor]:
     """The emulated fprop / dgrad / wgrad of `snip_ops.gemm` (same specs, Philox streams, transposes and
     Hadamard transforms), except that Q(w^T) is taken as Q(w)^T where that is exact
-    (`gemm.transpose_shares_quantization`: square weight blocks), which saves one weight quantization."""
+    (`gemm.transpose_shares_quantization`: square weight blocks), which saves one weight quantization, and
+    that every operand comes from the native quantizer where there is one (the emulated GEMMs take the
+    reference's: the same values; on the CPU the wgrad operands' stochastic rounding took most of the time)."""
     def q(t, spec, operand, transpose=False):
         if spec is None:
             return gemm.emulated_operand(t, spec, seed, 0, operand, transpose)
@@ -64,7 +66,8 @@ def _emulated_gemms(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, r, seed:
     return {
         "fprop": mm(q(x, r.act, "x"), wq.t()),
         "dgrad": mm(q(dy, r.grad, "dy"), wtq.t()),
-        "wgrad": gemm.wgrad(dy, x, r, seed=seed, emulate=True),
+        "wgrad": mm(q(gemm.wgrad_operand(dy, r, seed, 0), r.grad, "dyt", transpose=True),
+                    q(gemm.wgrad_operand(x, r, seed, 0), r.act, "xt", transpose=True).t()),
     }
 
 

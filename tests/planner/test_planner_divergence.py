@@ -230,6 +230,9 @@ def test_quantization_errors_are_those_of_the_emulated_gemms(name, monkeypatch):
         slack += 2 * math.sqrt(want) * gamma(y.numel() + 2, torch.float64)
         assert abs(math.sqrt(got[name][g]) - math.sqrt(want)) <= slack, g
         assert got[name][g] > 0
+    # wgrad's operands are the emulated GEMM's bit for bit (the native quantizer where there is one, the
+    # reference there) and both multiply them with the same FP64 product: the same error to the last bit
+    assert got[name]["wgrad"] == relative_error(approx["wgrad"], exact["wgrad"])
 
 
 def test_fisher_curvature_is_the_gauss_newton_trace():
