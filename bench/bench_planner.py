@@ -39,7 +39,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 import torch
 
@@ -53,7 +53,7 @@ from planner.divergence import lm_logits, signal_fractions, weighted_signal_shar
 from planner.cost import LayerShape, layer_shapes, plan_metrics  # noqa: E402
 from planner.ilp import DEFAULT_LAMBDA, plan_objective  # noqa: E402
 from planner.qerror import gemm_errors, relative_error  # noqa: E402
-from planner.stats import LayerStats, PlannerStats, high_precision, record  # noqa: E402
+from planner.stats import LayerStats, PlannerStats, record  # noqa: E402
 from snip_ops import LinearPrecision, SnipLinear, convert  # noqa: E402
 from snip_ops.module import layer_seed  # noqa: E402
 from snip_ops import gemm as snip_gemm  # noqa: E402

@@ -215,7 +215,8 @@ class SnipPlanner:
         self.install(plan)
         t2 = time.perf_counter()
         drift = {} if regret is None else {"regret": regret, "next_step": self.schedule_state.next_step}
-        share = {k: stats.diagnostics[k] for k in ("wgrad_signal_share",) if k in stats.diagnostics}
+        share = {"wgrad_signal_share": stats.diagnostics["wgrad_signal_share"]} \
+            if "wgrad_signal_share" in stats.diagnostics else {}
         self.history.append({"step": step, "why": list(reasons or ["requested"]), "measure_s": t1 - t0,
                              "solve_s": t2 - t1, "budget": plan.budget, **dict(plan.metrics), **share, **drift})
         self.log(f"planner: step {step}: {plan.method} plan, FP4 FLOPs {100 * plan.metrics['fp4_fraction']:.1f}%, "
