@@ -87,8 +87,9 @@ weight operand's quantization error, the same at every step, a bias that Adam do
 estimate needs the batch's sequences as the leading dimension of every planned layer's input and sequences
 that do not interact (no batch normalisation); without that layout WD keeps its price and a warning says so.
 
-Cost (D = draws): "fisher" 1 forward + D backwards for LD (and the Gauss-Newton diagonal), "batched"
-2D forward+backward passes; D forwards for WD; plus the statistics pass and the quantization errors.
+Cost (D = draws): "fisher" D backwards for LD (and the Gauss-Newton diagonal) through the statistics pass's
+forward where the loss calls the model on lm_logits' inputs (the default loss of a causal LM), 1 forward more
+otherwise; "batched" 2D forward+backward passes; D forwards for WD; plus the statistics pass and the quantization errors.
 The signal share costs one more weight-gradient GEMM per layer in the statistics pass (or the two T x T Gram
 products per sequence, when cheaper). Extra memory: the graph of one forward (fisher) or the noise of every
 layer output (batched) during LD, two parameter-sized copies (theta and the direction) during WD, and one (the
@@ -205,16 +206,21 @@ def _sample(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 def _fisher_curvature(model, layers: Mapping[str, nn.Linear], batch, logits_fn: LogitsFn, rec: Recording,
                       config: DivergenceConfig, seed: int, params: Sequence[nn.Parameter] = ()
                       ) -> tuple[dict[str, float], dict[str, float], dict[nn.Parameter, torch.Tensor]]:
-    """({layer: h_l}, diagnostics, {parameter: Gauss-Newton diagonal} for `params`)."""
+    """({layer: h_l}, diagnostics, {parameter: Gauss-Newton diagonal} for `params`). The draws backpropagate
+    through the statistics pass's forward where it kept one (rec.logits_graph, the same forward: same batch,
+    precision and RNG seed), else through a forward of their own."""
     names = list(layers)
-    outputs = {}
+    if rec.logits_graph is not None:
+        logits, outputs = rec.logits_graph.logits, rec.logits_graph.outputs
+    else:
+        outputs = {}
 
-    def keep(name):
-        def hook(mod, args, out):
-            outputs[name] = out
-        return hook
+        def keep(name):
+            def hook(mod, args, out):
+                outputs[name] = out
+            return hook
 
-    logits = _run(model, batch, logits_fn, seed, [(layers[n], "forward", keep(n)) for n in names])
+        logits = _run(model, batch, logits_fn, seed, [(layers[n], "forward", keep(n)) for n in names])
     logits = logits.reshape(-1, logits.shape[-1]).float()
     probs = logits.detach().softmax(-1)
     positions = logits.shape[0]
@@ -410,24 +416,33 @@ def measure(model: nn.Module, layers: Mapping[str, nn.Linear], optimizer: torch.
         if len(lr_ratios) != config.wd_horizon:
             raise ValueError(f"lr_ratios has {len(lr_ratios)} steps, the horizon {config.wd_horizon}")
     seed = stats_config.seed
+    fisher = _curvature_method(config, logits_fn) == "fisher"
+    if fisher and logits_fn is None:
+        raise ValueError("method 'fisher' needs the model's logits: pass logits_fn=(model, batch) -> logits")
+    # lm_logits is the model's call on the window's inputs: the Fisher draws reuse the statistics pass's forward
+    # when the loss makes that call (the default loss of a causal LM does)
+    lm_window = fisher and logits_fn is lm_logits and torch.is_tensor(batch) and batch.dim() == 2
     times = {}
     t = time.perf_counter()
-    rec = record(model, layers, batch, loss_fn, optimizer, stats_config, sequence_grads=config.wgrad_signal_share)
+    rec = record(model, layers, batch, loss_fn, optimizer, stats_config, sequence_grads=config.wgrad_signal_share,
+                 logits_of=batch[:, :-1] if lm_window else None)
     times["time_record_s"] = time.perf_counter() - t
+    weights = rec.preconditioner.excess_loss_weight
+    # the horizon's Gauss-Newton diagonal from the Fisher draws when LD makes them, else from the gradient variance
+    fisher_diagonal = config.wd_horizon is not None and fisher
+    with high_precision(layers):
+        t = time.perf_counter()
+        if fisher:
+            curvature, diag, gn = _fisher_curvature(model, layers, batch, logits_fn, rec, config, seed,
+                                                    list(weights) if fisher_diagonal else ())
+            rec.logits_graph = None  # frees the statistics pass's graph
+        else:
+            curvature, diag = loss_curvature(model, layers, batch, loss_fn, rec, config, seed, logits_fn)
+        times["time_loss_divergence_s"] = time.perf_counter() - t
     t = time.perf_counter()
     errors = {n: gemm_errors(r, candidates, seed) for n, r in rec.layers.items()}
     grad_in_rms = {n: float((r.dy @ r.weight.float()).pow(2).mean().sqrt()) for n, r in rec.layers.items()}
     times["time_errors_s"] = time.perf_counter() - t
-    weights = rec.preconditioner.excess_loss_weight
-    # the horizon's Gauss-Newton diagonal from the Fisher draws when LD makes them, else from the gradient variance
-    fisher_diagonal = config.wd_horizon is not None and _curvature_method(config, logits_fn) == "fisher"
-    with high_precision(layers):
-        t = time.perf_counter()
-        if fisher_diagonal:
-            curvature, diag, gn = _fisher_curvature(model, layers, batch, logits_fn, rec, config, seed, list(weights))
-        else:
-            curvature, diag = loss_curvature(model, layers, batch, loss_fn, rec, config, seed, logits_fn)
-        times["time_loss_divergence_s"] = time.perf_counter() - t
     variance = None
     if gradient_noise or (config.wd_horizon is not None and not fisher_diagonal):
         t = time.perf_counter()

@@ -36,7 +36,7 @@ from snip_ops.reference import divide_by
 from .cost import LayerShape
 
 __all__ = [
-    "StatsConfig", "LayerRecording", "Preconditioner", "Recording", "record", "adam_preconditioner",
+    "StatsConfig", "LayerRecording", "Preconditioner", "LogitsGraph", "Recording", "record", "adam_preconditioner",
     "high_precision", "isolated_rng", "batch_rows", "first_rows", "gradient_variance", "gradient_noise_loss",
     "sequence_grad_sq", "LayerStats", "PlannerStats", "WD_UNITS", "mean_stats",
 ]
@@ -116,12 +116,22 @@ class Preconditioner:
 
 
 @dataclass
+class LogitsGraph:
+    """The statistics pass's forward kept for more backwards (divergence.py's Fisher draws): the logits of the
+    model's call on record's `logits_of` and every planned layer's output, on the pass's autograd graph."""
+
+    logits: torch.Tensor
+    outputs: dict[str, torch.Tensor]
+
+
+@dataclass
 class Recording:
     loss: float
     layers: dict[str, LayerRecording]
     grads: dict[nn.Parameter, torch.Tensor]
     preconditioner: Preconditioner
     sequences: int | None = None  # the batch's sequences behind every layer's sequence_grad_sq (None: not measured)
+    logits_graph: LogitsGraph | None = None  # record's logits_of; drop it when done (it holds the pass's graph)
 
 
 @contextlib.contextmanager
@@ -230,13 +240,19 @@ def sequence_grad_sq(x: torch.Tensor, dy: torch.Tensor, memory_cap_bytes: int) -
 
 def record(model: nn.Module, layers: Mapping[str, nn.Linear], batch, loss_fn: LossFn,
            optimizer: torch.optim.Optimizer | None, config: StatsConfig = StatsConfig(),
-           sequence_grads: bool = False) -> Recording:
+           sequence_grads: bool = False, logits_of: torch.Tensor | None = None) -> Recording:
     """One high-precision forward/backward on `batch` that records what the planner needs. With
     `sequence_grads`, also every layer's sequence_grad_sq when the batch's S >= 2 sequences (batch_rows) are
-    the leading dimension of every planned layer's input [S, ..., K]; otherwise Recording.sequences is None."""
+    the leading dimension of every planned layer's input [S, ..., K]; otherwise Recording.sequences is None.
+    With `logits_of`, a model input (a causal LM's window inputs batch[:, :-1]): when `loss_fn` calls the model
+    on exactly these values once and gets logits [*logits_of.shape, vocabulary] that need gradients, the pass
+    keeps its graph and returns those logits with the layers' outputs as Recording.logits_graph, so that the
+    caller can backpropagate more losses of the same forward (otherwise logits_graph is None)."""
     rows = config.rows_per_layer(layers)
     device = next(iter(layers.values())).weight.device
     recs: dict[str, LayerRecording] = {}
+    outputs: dict[str, torch.Tensor] = {}
+    logits_calls: list = []
     handles = []
     sequences = batch_rows(batch) if sequence_grads else None
     if sequences is not None and sequences < 2:
@@ -266,16 +282,28 @@ def record(model: nn.Module, layers: Mapping[str, nn.Linear], batch, loss_fn: Lo
                     recs[name].sequence_grad_sq = sequence_grad_sq(per_sequence, g.detach(), config.memory_cap_bytes)
 
             if out.requires_grad:
-                out.register_hook(grad_hook)
+                handles.append(out.register_hook(grad_hook))  # removed after this pass's backward
+            if logits_of is not None:
+                outputs[name] = out
         return hook
+
+    def model_hook(mod, args, out):
+        if args and torch.is_tensor(args[0]) and args[0].shape == logits_of.shape and torch.equal(args[0], logits_of):
+            logits_calls.append(getattr(out, "logits", out))
 
     params = [p for p in model.parameters() if p.requires_grad]
     try:
         for name, module in layers.items():
             handles.append(module.register_forward_hook(forward_hook(name)))
+        if logits_of is not None:
+            handles.append(model.register_forward_hook(model_hook))
         with high_precision(layers), isolated_rng(config.seed, device):
             loss = loss_fn(model, batch)
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            logits = logits_calls[0] if len(logits_calls) == 1 else None
+            if not (torch.is_tensor(logits) and logits.requires_grad and logits.dim() == logits_of.dim() + 1
+                    and logits.shape[:-1] == logits_of.shape and len(outputs) == len(layers)):
+                logits = None
+            grads = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=logits is not None)
     finally:
         for h in handles:
             h.remove()
@@ -288,7 +316,8 @@ def record(model: nn.Module, layers: Mapping[str, nn.Linear], batch, loss_fn: Lo
     loss = float(loss.detach())
     if not math.isfinite(loss):
         raise FloatingPointError(f"the calibration loss is {loss}; cannot plan from a non-finite loss")
-    return Recording(loss, recs, grad_of, adam_preconditioner(optimizer, grad_of, config.default_lr), sequences)
+    return Recording(loss, recs, grad_of, adam_preconditioner(optimizer, grad_of, config.default_lr), sequences,
+                     LogitsGraph(logits, outputs) if logits is not None else None)
 
 
 def batch_rows(batch) -> int | None:
