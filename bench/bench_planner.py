@@ -68,7 +68,12 @@ CACHE = Path(os.environ.get("SNIP_BENCH_CACHE", "/tmp/snip-planner-bench"))
 # The tiny preset, batch 8 x 128 tokens; a "mid-training" checkpoint after PRE_STEPS steps at constant lr.
 RUN = dict(preset="tiny", batch_size=8, seq_len=128, weight_decay=0.1, grad_clip=1.0, eval_batches=8,
            progress=False, max_bytes=8 * 2**20)
-PRE_STEPS, LR = 400, 3e-3
+PRE_STEPS = 400
+# Peak learning rate per preset (the checkpoints' constant rate after warmup; the branches' cosine starts there):
+# tiny's 3e-3, scaled as 1 / width for the wider presets (Adam's hidden-layer rate under muP; mini is 3x as wide).
+# At 3e-3 mini's paired branches spread 0.02-0.03 nats by method at one seed, uniform FP4 below SNIP's 80% plan
+# (bench/results/cpu-planner-quality-mini-signal-lr3e-3.md): chaos, not precision, ranked them.
+LRS = {"tiny": 3e-3, "mini": 1e-3}
 BUDGET = Budget.fp4_fraction(0.75)
 SR_DRAWS = 8  # stochastic-rounding passes per layer in the forward-only SR truth
 
@@ -100,15 +105,15 @@ def checkpoint(steps: int = PRE_STEPS, preset: str = "tiny") -> dict:
     """The bf16 `preset` model after `steps` steps (constant lr after warmup, seed 1234), with its AdamW state:
     checkpoints of one trajectory at different steps are its training phases. Loaded once per process
     (a worker trains many branches from it); callers copy what they change (`continue_from`)."""
-    path = CACHE / f"ckpt-{preset}-{steps}.pt"
+    path = CACHE / f"ckpt-{preset}-{steps}-lr{LRS[preset]:g}.pt"
     if path.exists():
         return torch.load(path)
     CACHE.mkdir(parents=True, exist_ok=True)
     box = {}
-    summary = train(TrainConfig(**{**RUN, "preset": preset}, steps=steps, lr=LR, min_lr_ratio=1.0,
+    summary = train(TrainConfig(**{**RUN, "preset": preset}, steps=steps, lr=LRS[preset], min_lr_ratio=1.0,
                                 warmup_steps=min(40, steps // 2), seed=1234, eval_interval=0,
                                 on_setup=lambda m, o: box.update(model=m, opt=o)))
-    ckpt = {"preset": preset, "steps": steps, "model": box["model"].state_dict(), "optimizer": box["opt"].state_dict(),
+    ckpt = {"preset": preset, "steps": steps, "lr": LRS[preset], "model": box["model"].state_dict(), "optimizer": box["opt"].state_dict(),
             "val_loss": summary["final_val_loss"], "time_s": summary["time_s"]}
     torch.save(ckpt, path)
     return ckpt
@@ -116,18 +121,18 @@ def checkpoint(steps: int = PRE_STEPS, preset: str = "tiny") -> dict:
 
 def branch_config(ckpt: dict, steps: int, seed: int, evals: int = 4, eval_batches: int = RUN["eval_batches"],
                   precision=None) -> TrainConfig:
-    """The TrainConfig of a branch of `steps` steps from the checkpoint (the callbacks aside): lr LR decaying along
-    a cosine to LR/10 at the last step; every evaluation (`evals` of them, plus the one at the start) averages
+    """The TrainConfig of a branch of `steps` steps from the checkpoint (the callbacks aside): the preset's lr
+    decaying along a cosine to a tenth of it at the last step; every evaluation (`evals` of them, plus the one at the start) averages
     `eval_batches` validation batches."""
     return TrainConfig(**{**RUN, "preset": ckpt.get("preset", "tiny"), "eval_batches": eval_batches},
-                       steps=steps, lr=LR, min_lr_ratio=0.1, warmup_steps=0, seed=seed,
+                       steps=steps, lr=LRS[ckpt.get("preset", "tiny")], min_lr_ratio=0.1, warmup_steps=0, seed=seed,
                        eval_interval=max(1, steps // evals) if evals else 0, precision=precision)
 
 
 def continue_from(ckpt: dict, steps: int, seed: int, precision=None, hooks=None, evals: int = 4,
                   constant_steps: int = 0, eval_batches: int = RUN["eval_batches"]) -> dict:
     """Train `steps` more steps from the checkpoint (`branch_config`), return the summary. With `constant_steps`
-    the learning rate stays at LR for that many steps first, then decays."""
+    the learning rate stays at the preset's for that many steps first, then decays."""
     box = {}
 
     def on_setup(model, opt):
@@ -143,9 +148,9 @@ def continue_from(ckpt: dict, steps: int, seed: int, precision=None, hooks=None,
     def on_step(step, model, batch):
         if constant_steps:  # the loop set the cosine lr of the whole branch: hold it first, decay after
             t = min(1.0, max(0, step - constant_steps) / max(1, steps - 1 - constant_steps))
-            min_lr = LR * 0.1
+            lr = LRS[ckpt.get("preset", "tiny")]
             for g in box["opt"].param_groups:
-                g["lr"] = min_lr + 0.5 * (LR - min_lr) * (1.0 + math.cos(math.pi * t))
+                g["lr"] = lr * 0.1 + 0.5 * (lr - lr * 0.1) * (1.0 + math.cos(math.pi * t))
         if hooks is not None:
             hooks.on_step(step, model, batch)
 
@@ -158,7 +163,7 @@ def model_at(ckpt: dict):
     model.load_state_dict(ckpt["model"])
     params = list(model.parameters())  # the same two groups as snip_train.train (decay / no decay)
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2]},
-                             {"params": [p for p in params if p.dim() < 2]}], lr=LR)
+                             {"params": [p for p in params if p.dim() < 2]}], lr=LRS[ckpt.get("preset", "tiny")])
     opt.load_state_dict(copy.deepcopy(ckpt["optimizer"]))  # also restores betas, eps, weight decay
     return model, opt, {n: m for n, m in model.named_modules() if isinstance(m, SnipLinear)}
 
@@ -252,7 +257,7 @@ def preset_cost(preset: str, reps: int) -> dict:
     model = convert(Llama(LlamaConfig.preset(preset)))
     params = list(model.parameters())
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2]},
-                             {"params": [p for p in params if p.dim() < 2]}], lr=LR)
+                             {"params": [p for p in params if p.dim() < 2]}], lr=LRS[preset])
     batch = calibration_batch()
     step_time(model, opt, batch, reps=2)
     layers = {n: m for n, m in model.named_modules() if isinstance(m, SnipLinear)}
@@ -923,7 +928,7 @@ class QualityRun:
     def key(self) -> str:
         budget = "-" if self.method in ("bf16", "uniform_fp4") else self.budget  # budget-independent runs
         return (f"{self.preset}/{self.phase}/{budget}/{self.method}/{self.seed}/{self.steps}/{self.interval}/"
-                f"e{self.eval_batches}")
+                f"e{self.eval_batches}/lr{LRS[self.preset]:g}")
 
 
 class AdjustedStats:
@@ -1132,7 +1137,7 @@ def bench_quality(args) -> None:
     ranks = quality_random_ranks(table, args.claim)
     ckpts = {phase: checkpoint(phase, args.preset)["val_loss"] for phase in args.phases}
     md = [f"Preset {args.preset}; bf16 checkpoints after {', '.join(map(str, args.phases))} steps (one trajectory, "
-          f"constant lr {LR:g} after warmup; val loss {', '.join(f'{v:.4f}' for v in ckpts.values())}); from each, "
+          f"constant lr {LRS[args.preset]:g} after warmup; val loss {', '.join(f'{v:.4f}' for v in ckpts.values())}); from each, "
           f"{args.steps} steps per method (cosine decay to lr/10), seeds {args.seeds}: the seed picks the batches, and "
           "every method of a seed sees the same ones from the same state (paired). Every planned method -- SNIP, its "
           f"ablations and the heuristics -- re-plans every {args.interval} steps from the same statistics with the same "
@@ -1272,8 +1277,8 @@ def bench_schedule(args) -> None:
                         "replans": [[(h["step"], h["why"], round(h["fp4_fraction"], 4)) for h in done[f"{label}/{s}"]["plans"]]
                                     for s in args.seeds]}
     closed = table["snip"]["mean_gap"] - table["snip_schedule"]["mean_gap"]
-    md = [f"From the {args.phases[0]}-step bf16 checkpoint of the tiny preset, {args.steps} steps per branch: lr {LR:g} "
-          f"held for {args.steps // 2} steps, then a cosine decay to {LR / 10:g}; seeds {args.seeds} (paired: same "
+    md = [f"From the {args.phases[0]}-step bf16 checkpoint of the tiny preset, {args.steps} steps per branch: lr {LRS['tiny']:g} "
+          f"held for {args.steps // 2} steps, then a cosine decay to {LRS['tiny'] / 10:g}; seeds {args.seeds} (paired: same "
           f"state and batches per seed). snip: re-plans every {args.interval} steps at >= {100 * constant:.0f}% FP4, per "
           "layer with the settled WD. "
           f"snip_schedule: the same every {args.interval} steps at >= {100 * high:.0f}% FP4, and from the step the lr "
@@ -1419,7 +1424,7 @@ def main() -> None:
     p.add_argument("--pre-steps", type=int, default=PRE_STEPS,
                    help="validity: bf16 steps of the checkpoint (default: %(default)s)")
     p.add_argument("--layers", type=int, default=None, help="validity: ground truths for the first N layers only")
-    p.add_argument("--preset", default="tiny", help="quality: the model preset (default: %(default)s)")
+    p.add_argument("--preset", default="tiny", choices=sorted(LRS), help="quality: the model preset (default: %(default)s)")
     p.add_argument("--phases", type=lambda s: [int(v) for v in s.split(",")], default=None,
                    help="quality, horizon: bf16 checkpoint steps the branches start from (default: 100,400,1200); "
                         "schedule: the first one (default: 400)")

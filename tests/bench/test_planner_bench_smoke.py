@@ -46,7 +46,7 @@ def test_quality_grid(tmp_path):
                                                            "layer_type_drift_gemm")
     per_gemm = next(r for k, r in out["runs"].items() if "/0.75/layer_type_gemm/" in k)
     assert any(isinstance(p, dict) for p in per_gemm["plans"][0]["precisions"].values())  # fprop / dgrad / wgrad apart
-    snip = next(r for k, r in out["runs"].items() if "/0.75/snip/" in k and k.endswith("/e2"))
+    snip = next(r for k, r in out["runs"].items() if "/0.75/snip/" in k and k.endswith("/e2/lr0.003"))  # tiny's lr
     assert len(snip["plans"]) == 2 and all(len(p["precisions"]) == 28 for p in snip["plans"])  # 4 blocks x 7 linears
     assert len(snip["val"]["step"]) == 3  # at the start, at the re-plan and at the end
     signal = next(r for k, r in out["runs"].items() if "/0.75/snip_signal_gemm/" in k)
