@@ -8,6 +8,8 @@ import torch
 import transformers
 from torch.nn import functional as F
 
+from snip_ops import SnipLinear, convert
+
 
 class CausalLM(transformers.LlamaForCausalLM):
     @classmethod
@@ -24,6 +26,21 @@ class CausalLM(transformers.LlamaForCausalLM):
     def loss(self, window):
         logits = self(window[:, :-1])
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
+
+
+def trained_causal_lm(config: dict, vocab_size: int, sequences: int = 5, steps: int = 3):
+    """A converted CausalLM of `config` after `steps` AdamW steps (so the optimizer has Adam state), its SnipLinear
+    layers, the optimizer and a batch of `sequences` windows of 13 tokens."""
+    torch.manual_seed(0)
+    model = convert(CausalLM.build(**config, vocab_size=vocab_size))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(steps):
+        model.loss(torch.randint(0, vocab_size, (4, 13), generator=gen)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, SnipLinear)}
+    return model, layers, opt, torch.randint(0, vocab_size, (sequences, 13), generator=gen)
 
 
 # A model small enough for the sharpness metrics' tests, and its held-out batches.

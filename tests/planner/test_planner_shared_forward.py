@@ -6,28 +6,17 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from causal_lm import CausalLM
+from causal_lm import CausalLM, trained_causal_lm
 from planner import DivergenceConfig, PlannerConfig, StatsConfig
 from planner.divergence import lm_logits, measure
 from planner.stats import record
-from snip_ops import SnipLinear, convert
 
 CONFIG = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=96, max_seq_len=16)
 VOCAB = 48
 
 
-def trained_lm(steps: int = 3):
-    """A tiny Llama after a few AdamW steps (the optimizer has state), its layers, optimizer and a batch."""
-    torch.manual_seed(0)
-    model = convert(CausalLM.build(**CONFIG, vocab_size=VOCAB))
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(2)
-    for _ in range(steps):
-        model.loss(torch.randint(0, VOCAB, (4, 13), generator=gen)).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    layers = {n: m for n, m in model.named_modules() if isinstance(m, SnipLinear)}
-    return model, layers, opt, torch.randint(0, VOCAB, (5, 13), generator=gen)
+def trained_lm():
+    return trained_causal_lm(CONFIG, VOCAB)
 
 
 def model_calls(model):

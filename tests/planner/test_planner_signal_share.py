@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from causal_lm import CausalLM
+from causal_lm import CausalLM, trained_causal_lm
 from planner import DivergenceConfig, PlannerConfig, SnipPlanner, StatsConfig
 from planner.divergence import measure, signal_fractions, weighted_signal_share
 from planner.stats import record, sequence_grad_sq
@@ -23,18 +23,8 @@ def loss_fn(model, batch):
     return model.loss(batch)
 
 
-def trained_lm(sequences: int = 5, steps: int = 3):
-    """A tiny Llama after a few AdamW steps, its layers, its optimizer and a batch of `sequences` windows."""
-    torch.manual_seed(0)
-    model = convert(CausalLM.build(**CONFIG, vocab_size=VOCAB))
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(2)
-    for _ in range(steps):
-        model.loss(torch.randint(0, VOCAB, (4, 13), generator=gen)).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    layers = {n: m for n, m in model.named_modules() if isinstance(m, SnipLinear)}
-    return model, layers, opt, torch.randint(0, VOCAB, (sequences, 13), generator=gen)
+def trained_lm():
+    return trained_causal_lm(CONFIG, VOCAB)
 
 
 def per_sequence_grads(model, layers, batch) -> dict[str, list[torch.Tensor]]:
