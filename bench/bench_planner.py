@@ -74,6 +74,10 @@ PRE_STEPS = 400
 # At 3e-3 mini's paired branches spread 0.02-0.03 nats by method at one seed, uniform FP4 below SNIP's 80% plan
 # (bench/results/cpu-planner-quality-mini-signal-lr3e-3.md): chaos, not precision, ranked them.
 LRS = {"tiny": 3e-3, "mini": 1e-3}
+
+
+def preset_lr(ckpt: dict) -> float:
+    return LRS[ckpt.get("preset", "tiny")]
 BUDGET = Budget.fp4_fraction(0.75)
 SR_DRAWS = 8  # stochastic-rounding passes per layer in the forward-only SR truth
 
@@ -113,7 +117,7 @@ def checkpoint(steps: int = PRE_STEPS, preset: str = "tiny") -> dict:
     summary = train(TrainConfig(**{**RUN, "preset": preset}, steps=steps, lr=LRS[preset], min_lr_ratio=1.0,
                                 warmup_steps=min(40, steps // 2), seed=1234, eval_interval=0,
                                 on_setup=lambda m, o: box.update(model=m, opt=o)))
-    ckpt = {"preset": preset, "steps": steps, "lr": LRS[preset], "model": box["model"].state_dict(), "optimizer": box["opt"].state_dict(),
+    ckpt = {"preset": preset, "steps": steps, "model": box["model"].state_dict(), "optimizer": box["opt"].state_dict(),
             "val_loss": summary["final_val_loss"], "time_s": summary["time_s"]}
     torch.save(ckpt, path)
     return ckpt
@@ -122,10 +126,10 @@ def checkpoint(steps: int = PRE_STEPS, preset: str = "tiny") -> dict:
 def branch_config(ckpt: dict, steps: int, seed: int, evals: int = 4, eval_batches: int = RUN["eval_batches"],
                   precision=None) -> TrainConfig:
     """The TrainConfig of a branch of `steps` steps from the checkpoint (the callbacks aside): the preset's lr
-    decaying along a cosine to a tenth of it at the last step; every evaluation (`evals` of them, plus the one at the start) averages
-    `eval_batches` validation batches."""
+    decaying along a cosine to a tenth of it at the last step; every evaluation (`evals` of them, plus the one at
+    the start) averages `eval_batches` validation batches."""
     return TrainConfig(**{**RUN, "preset": ckpt.get("preset", "tiny"), "eval_batches": eval_batches},
-                       steps=steps, lr=LRS[ckpt.get("preset", "tiny")], min_lr_ratio=0.1, warmup_steps=0, seed=seed,
+                       steps=steps, lr=preset_lr(ckpt), min_lr_ratio=0.1, warmup_steps=0, seed=seed,
                        eval_interval=max(1, steps // evals) if evals else 0, precision=precision)
 
 
@@ -148,9 +152,10 @@ def continue_from(ckpt: dict, steps: int, seed: int, precision=None, hooks=None,
     def on_step(step, model, batch):
         if constant_steps:  # the loop set the cosine lr of the whole branch: hold it first, decay after
             t = min(1.0, max(0, step - constant_steps) / max(1, steps - 1 - constant_steps))
-            lr = LRS[ckpt.get("preset", "tiny")]
+            lr = preset_lr(ckpt)
+            min_lr = lr * 0.1
             for g in box["opt"].param_groups:
-                g["lr"] = lr * 0.1 + 0.5 * (lr - lr * 0.1) * (1.0 + math.cos(math.pi * t))
+                g["lr"] = min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * t))
         if hooks is not None:
             hooks.on_step(step, model, batch)
 
@@ -163,7 +168,7 @@ def model_at(ckpt: dict):
     model.load_state_dict(ckpt["model"])
     params = list(model.parameters())  # the same two groups as snip_train.train (decay / no decay)
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2]},
-                             {"params": [p for p in params if p.dim() < 2]}], lr=LRS[ckpt.get("preset", "tiny")])
+                             {"params": [p for p in params if p.dim() < 2]}], lr=preset_lr(ckpt))
     opt.load_state_dict(copy.deepcopy(ckpt["optimizer"]))  # also restores betas, eps, weight decay
     return model, opt, {n: m for n, m in model.named_modules() if isinstance(m, SnipLinear)}
 
@@ -1424,7 +1429,8 @@ def main() -> None:
     p.add_argument("--pre-steps", type=int, default=PRE_STEPS,
                    help="validity: bf16 steps of the checkpoint (default: %(default)s)")
     p.add_argument("--layers", type=int, default=None, help="validity: ground truths for the first N layers only")
-    p.add_argument("--preset", default="tiny", choices=sorted(LRS), help="quality: the model preset (default: %(default)s)")
+    p.add_argument("--preset", default="tiny", choices=sorted(LRS),
+                   help="quality: the model preset (default: %(default)s)")
     p.add_argument("--phases", type=lambda s: [int(v) for v in s.split(",")], default=None,
                    help="quality, horizon: bf16 checkpoint steps the branches start from (default: 100,400,1200); "
                         "schedule: the first one (default: 400)")

@@ -89,8 +89,8 @@ that do not interact (no batch normalisation); without that layout WD keeps its 
 
 Cost (D = draws): "fisher" D backwards for LD (and the Gauss-Newton diagonal) through the statistics pass's
 forward where the loss calls the model on lm_logits' inputs (the default loss of a causal LM), 1 forward more
-otherwise; "batched" 2D forward+backward passes; D forwards for WD; plus the statistics pass and the quantization errors.
-The signal share costs one more weight-gradient GEMM per layer in the statistics pass (or the two T x T Gram
+otherwise; "batched" 2D forward+backward passes; D forwards for WD; plus the statistics pass and the quantization
+errors. The signal share costs one more weight-gradient GEMM per layer in the statistics pass (or the two T x T Gram
 products per sequence, when cheaper). Extra memory: the graph of one forward (fisher) or the noise of every
 layer output (batched) during LD, two parameter-sized copies (theta and the direction) during WD, and one (the
 diagonal) with wd_horizon; the statistics pass holds every layer's input to its backward for the signal share.
@@ -122,10 +122,16 @@ LogitsFn = Callable[[nn.Module, object], torch.Tensor]
 METHODS = ("auto", "fisher", "batched", "per_layer")
 
 
+def _lm_inputs(batch: torch.Tensor) -> torch.Tensor:
+    """What a causal LM sees of a window batch [B, T+1]: its first T tokens (the convention of `model.loss(window)`,
+    the planner's default loss)."""
+    return batch[:, :-1]
+
+
 def lm_logits(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    """The logits of a causal LM on a window batch [B, T+1]: `model(batch[:, :-1])` (the convention of
-    `model.loss(window)`, the planner's default loss), or its `.logits` (Hugging Face outputs)."""
-    out = model(batch[:, :-1])
+    """The logits of a causal LM on a window batch [B, T+1]: `model(_lm_inputs(batch))`, or its `.logits` (Hugging
+    Face outputs)."""
+    out = model(_lm_inputs(batch))
     logits = getattr(out, "logits", out)
     if not torch.is_tensor(logits) or logits.shape[:2] != batch[:, 1:].shape:
         raise TypeError(f"{type(model).__name__}(tokens) does not return logits [B, T, vocabulary] for a window "
@@ -209,6 +215,8 @@ def _fisher_curvature(model, layers: Mapping[str, nn.Linear], batch, logits_fn: 
     """({layer: h_l}, diagnostics, {parameter: Gauss-Newton diagonal} for `params`). The draws backpropagate
     through the statistics pass's forward where it kept one (rec.logits_graph, the same forward: same batch,
     precision and RNG seed), else through a forward of their own."""
+    if logits_fn is None:
+        raise ValueError("method 'fisher' needs the model's logits: pass logits_fn=(model, batch) -> logits")
     names = list(layers)
     if rec.logits_graph is not None:
         logits, outputs = rec.logits_graph.logits, rec.logits_graph.outputs
@@ -252,8 +260,6 @@ def loss_curvature(model, layers: Mapping[str, nn.Linear], batch, loss_fn: LossF
     """({layer: h_l}, diagnostics), see the module docstring."""
     method = _curvature_method(config, logits_fn)
     if method == "fisher":
-        if logits_fn is None:
-            raise ValueError("method 'fisher' needs the model's logits: pass logits_fn=(model, batch) -> logits")
         return _fisher_curvature(model, layers, batch, logits_fn, rec, config, seed)[:2]
     names = list(layers)
     rms = {n: rec.layers[n].out_rms for n in names}
@@ -417,15 +423,13 @@ def measure(model: nn.Module, layers: Mapping[str, nn.Linear], optimizer: torch.
             raise ValueError(f"lr_ratios has {len(lr_ratios)} steps, the horizon {config.wd_horizon}")
     seed = stats_config.seed
     fisher = _curvature_method(config, logits_fn) == "fisher"
-    if fisher and logits_fn is None:
-        raise ValueError("method 'fisher' needs the model's logits: pass logits_fn=(model, batch) -> logits")
-    # lm_logits is the model's call on the window's inputs: the Fisher draws reuse the statistics pass's forward
-    # when the loss makes that call (the default loss of a causal LM does)
+    # lm_logits is the model's call on _lm_inputs: the Fisher draws reuse the statistics pass's forward when the loss
+    # makes that call (the default loss of a causal LM does)
     lm_window = fisher and logits_fn is lm_logits and torch.is_tensor(batch) and batch.dim() == 2
     times = {}
     t = time.perf_counter()
     rec = record(model, layers, batch, loss_fn, optimizer, stats_config, sequence_grads=config.wgrad_signal_share,
-                 logits_of=batch[:, :-1] if lm_window else None)
+                 logits_of=_lm_inputs(batch) if lm_window else None)
     times["time_record_s"] = time.perf_counter() - t
     weights = rec.preconditioner.excess_loss_weight
     # the horizon's Gauss-Newton diagonal from the Fisher draws when LD makes them, else from the gradient variance

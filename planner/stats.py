@@ -301,7 +301,7 @@ def record(model: nn.Module, layers: Mapping[str, nn.Linear], batch, loss_fn: Lo
             loss = loss_fn(model, batch)
             logits = logits_calls[0] if len(logits_calls) == 1 else None
             if not (torch.is_tensor(logits) and logits.requires_grad and logits.dim() == logits_of.dim() + 1
-                    and logits.shape[:-1] == logits_of.shape and len(outputs) == len(layers)):
+                    and logits.shape[:-1] == logits_of.shape):
                 logits = None
             grads = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=logits is not None)
     finally:
