@@ -25,6 +25,7 @@ import argparse
 import collections
 import copy
 import dataclasses
+import fcntl
 import functools
 import itertools
 import json
@@ -69,6 +70,7 @@ CACHE = Path(os.environ.get("SNIP_BENCH_CACHE", "/tmp/snip-planner-bench"))
 RUN = dict(preset="tiny", batch_size=8, seq_len=128, weight_decay=0.1, grad_clip=1.0, eval_batches=8,
            progress=False, max_bytes=8 * 2**20)
 PRE_STEPS = 400
+PRE_WARMUP = 40  # the checkpoints' warmup: every checkpoint longer than it is a point of one trajectory
 # Peak learning rate per preset (the checkpoints' constant rate after warmup; the branches' cosine starts there):
 # tiny's 3e-3, scaled as 1 / width for the wider presets (Adam's hidden-layer rate under muP; mini is 3x as wide).
 # At 3e-3 mini's paired branches spread 0.02-0.03 nats by method at one seed, uniform FP4 below SNIP's 80% plan
@@ -115,7 +117,8 @@ def checkpoint(steps: int = PRE_STEPS, preset: str = "tiny") -> dict:
     CACHE.mkdir(parents=True, exist_ok=True)
     box = {}
     summary = train(TrainConfig(**{**RUN, "preset": preset}, steps=steps, lr=LRS[preset], min_lr_ratio=1.0,
-                                warmup_steps=min(40, steps // 2), seed=1234, eval_interval=0,
+                                warmup_steps=PRE_WARMUP if steps > PRE_WARMUP else steps // 2, seed=1234,
+                                eval_interval=0,
                                 on_setup=lambda m, o: box.update(model=m, opt=o)))
     ckpt = {"preset": preset, "steps": steps, "model": box["model"].state_dict(), "optimizer": box["opt"].state_dict(),
             "val_loss": summary["final_val_loss"], "time_s": summary["time_s"]}
@@ -861,9 +864,9 @@ SNIP_VARIANTS = {"snip": WITHOUT_SIGNAL_SHARE, "snip_ld": {"terms": "ld", **WITH
                  "snip_wd": {"terms": "wd", **WITHOUT_SIGNAL_SHARE}, "snip_lam0.1": {"lam": 0.1, **WITHOUT_SIGNAL_SHARE},
                  **{m: {"wd_horizon": "interval", **WITHOUT_SIGNAL_SHARE}
                     for m in ("snip_horizon", "snip_lrs", "snip_cal", "snip_oracle")},
-                 "snip_signal": {"wd_horizon": "interval"}}
+                 **{m: {"wd_horizon": "interval"} for m in ("snip_signal", "snip_trend", "snip_share")}}
 # SNIP variants whose WD horizon follows the branch's learning-rate decay (SnipPlanner's lr_schedule)
-LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle", "snip_signal")
+LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle", "snip_signal", "snip_trend", "snip_share")
 # snip_cal: snip_lrs with each backward GEMM's WD times the loss it measurably costs per unit of predicted WD,
 # relative to LD's (bench scale, bench/results/cpu-planner-scale.md: the geometric mean over the three checkpoints
 # of (measured / predicted for the GEMM) / (measured / predicted for fprop) is 1.61-1.68 for dgrad and 0.13-0.16
@@ -877,6 +880,15 @@ CALIBRATED_WD = {"dgrad": 1.65, "wgrad": 0.16}
 # plan's life at a constant rate. Foresight no planner has: a diagnostic of how much of SNIP's early gap LD's
 # staleness explains (LD grows up to 60x per 100 steps at the 100-step checkpoint, bench staleness), not a method
 FORESIGHT_BATCHES, FORESIGHT_DRAWS = (7, 8), 8
+# snip_share: snip_signal with dgrad's WD times the signal share too. The share prices noise that Adam's v absorbs;
+# dgrad's error is linear in dy (dy's rounding noise, and dy (Q(w) - w) for the weight's), so its mean over batches is
+# as small a part of it as the gradient's mean is of the gradient, which the planner's default (wgrad only) does not
+# assume
+# snip_trend: snip_signal whose LD prices each layer's curvature over the plan's life instead of at its start: with
+# g the layer's curvature growth over one interval, extrapolated from the previous measurement, the mean over the
+# interval of a geometric growth, (g - 1) / ln g. The first plan of a branch reads its growth from the curvature
+# at the checkpoint one interval before the branch's (calibration batch 7): what a planner that had been
+# re-planning along the bf16 trajectory would have measured
 ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
 # a planned method's name + GEMM_SUFFIX: the same method with one precision per GEMM instead of per layer
 GEMM_SUFFIX = "_gemm"
@@ -951,9 +963,24 @@ class AdjustedStats:
         measure = self.hooks.planner.measure
 
         def adjusted(batch, *args, **kwargs) -> PlannerStats:
-            stats = measure(batch, *args, **kwargs)
-            return dataclasses.replace(stats, layers=tuple(self.adjust(s) for s in stats.layers))
+            return self.adjust_stats(measure(batch, *args, **kwargs))
         self.hooks.planner.measure = adjusted
+
+    def adjust_stats(self, stats: PlannerStats) -> PlannerStats:
+        return dataclasses.replace(stats, layers=tuple(self.adjust(s) for s in stats.layers))
+
+
+class DgradSignalShare(AdjustedStats):
+    """Planner hooks whose planner solves with dgrad's WD times the signal share that the measurement applied to
+    wgrad's (snip_share)."""
+
+    def __init__(self, hooks):
+        super().__init__(hooks, adjust=None)
+
+    def adjust_stats(self, stats: PlannerStats) -> PlannerStats:
+        share = stats.diagnostics["wgrad_signal_share"]
+        return dataclasses.replace(stats, layers=tuple(dataclasses.replace(s, s_dgrad=s.s_dgrad * share)
+                                                       for s in stats.layers))
 
 
 def weighted_wd(weights: dict[str, float]) -> Callable[[LayerStats], LayerStats]:
@@ -984,11 +1011,49 @@ def ld_growth(preset: str, phase: int, steps: int) -> dict[str, float]:
     return growth
 
 
+def life_mean(growth: float) -> float:
+    """The mean over [0, 1] of growth ** t: a quantity's mean over an interval in which it grows geometrically by `growth`."""
+    return 1.0 if abs(growth - 1.0) < 1e-9 else (growth - 1.0) / math.log(growth)
+
+
+class TrendedStats(AdjustedStats):
+    """Planner hooks whose planner solves with every layer's curvature times `life_mean` of its growth over one
+    interval, extrapolated from the previous measurement (the first one's: `before`, `interval` steps earlier)."""
+
+    def __init__(self, hooks, interval: int, before: dict[str, float]):
+        super().__init__(hooks, adjust=None)
+        self.interval, self.previous = interval, (-interval, before)
+
+    def adjust_stats(self, stats: PlannerStats) -> PlannerStats:
+        (step_before, before), self.previous = self.previous, (stats.step, {s.name: s.curvature for s in stats.layers})
+
+        def factor(s: LayerStats) -> float:
+            h0, h1 = before[s.name], s.curvature
+            if not (h0 > 0 and h1 > 0 and stats.step > step_before):
+                return 1.0
+            return life_mean((h1 / h0) ** (self.interval / (stats.step - step_before)))
+        return dataclasses.replace(stats, layers=tuple(dataclasses.replace(s, curvature=s.curvature * factor(s))
+                                                       for s in stats.layers))
+
+
+def curvature_at(preset: str, steps: int) -> dict[str, float]:
+    """{layer: its curvature} at the `steps`-step checkpoint as the planner measures it (calibration batch 7;
+    cached: the workers only read it)."""
+    path = CACHE / f"curvature-{preset}-{steps}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    curvature = {n: s.curvature for n, s in stats_at(checkpoint(steps, preset), DivergenceConfig().draws).by_name().items()}
+    path.write_text(json.dumps(curvature))
+    return curvature
+
+
 # the diagnostic SNIP variants whose planner solves with adjusted statistics: (run, hooks) -> the hooks that adjust them
 ADJUSTED_STATS = {
     "snip_cal": lambda run, hooks: AdjustedStats(hooks, weighted_wd(CALIBRATED_WD)),
     "snip_oracle": lambda run, hooks: AdjustedStats(
-        hooks, foreseen_ld(ld_growth(run.preset, run.phase, run.steps), run.interval / run.steps))}
+        hooks, foreseen_ld(ld_growth(run.preset, run.phase, run.steps), run.interval / run.steps)),
+    "snip_share": lambda run, hooks: DgradSignalShare(hooks),
+    "snip_trend": lambda run, hooks: TrendedStats(hooks, run.interval, curvature_at(run.preset, run.phase - run.interval))}
 
 
 def run_quality(run: QualityRun) -> dict:
@@ -1117,6 +1182,18 @@ def quality_random_ranks(table: dict, claim: str) -> dict:
     return out
 
 
+def save_run(cache: Path, key: str, result: dict) -> None:
+    """Add one trained run to the cache file, merged under a lock with what is there: bench processes running at the
+    same time (another preset, another cell) share the cache, and none may drop the others' runs."""
+    with open(cache.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        runs = json.loads(cache.read_text()) if cache.exists() else {}
+        runs[key] = result
+        partial = cache.with_suffix(".partial")
+        partial.write_text(json.dumps(runs))
+        partial.replace(cache)
+
+
 def bench_quality(args) -> None:
     """SNIP vs the heuristics (each re-planned at the same interval and budget by the same ILP) and SNIP's
     ablation, paired per seed from bf16 checkpoints at several training phases."""
@@ -1128,6 +1205,8 @@ def bench_quality(args) -> None:
         checkpoint(phase, args.preset)
         if foresight:
             ld_growth(args.preset, phase, args.steps)
+        if any(base_method(r.method) == "snip_trend" for r in runs):
+            curvature_at(args.preset, phase - args.interval)
     todo = [r for r in runs if r.key not in done and not args.report_only]
     print(f"quality: {len(runs)} runs, {len(todo)} to train, {args.workers} workers", flush=True)
     t0 = time.perf_counter()
@@ -1135,7 +1214,7 @@ def bench_quality(args) -> None:
     with ProcessPoolExecutor(args.workers, mp_context=ctx) as pool:
         for r, result in zip(todo, pool.map(run_quality, todo)):
             done[r.key] = result
-            cache.write_text(json.dumps(done))
+            save_run(cache, r.key, result)
             print(f"{r.key}: val {result['final_val_loss']:.4f} ({result['time_s']:.0f}s)", flush=True)
     table = quality_table(runs, done, args.budgets, args.phases, args.seeds)
     verdicts = quality_verdicts(table, args.claim)
@@ -1160,7 +1239,12 @@ def bench_quality(args) -> None:
           f"power {args.interval}/{args.steps} (its growth within one plan's life: foresight, a diagnostic); "
           "snip_signal: snip_lrs with wgrad's WD times the signal share mu^2 / v of Adam's second moment, measured at "
           "every re-plan from the calibration batch's sequences (one factor for all layers; Adam's normalisation, "
-          "which WD's fixed preconditioner leaves out); every other SNIP variant prices wgrad without it; "
+          "which WD's fixed preconditioner leaves out); every other SNIP variant prices wgrad without it; snip_trend: "
+          "snip_signal with each layer's LD over the plan's life, (g - 1) / ln g times its curvature, g the growth over "
+          "one interval extrapolated from the previous measurement (the first plan's: the checkpoint one interval "
+          "earlier, what a planner re-planning along the bf16 trajectory would have measured); snip_share: "
+          "snip_signal with dgrad's WD times the same share (its error, linear in dy, treated as noise that Adam's v "
+          "absorbs like wgrad's); "
           f"*{GEMM_SUFFIX}: one precision per GEMM (forward, dgrad, wgrad) instead of per layer; the planner's "
           f"defaults are snip_signal{GEMM_SUFFIX}, as snip train plans; *{DRIFT_SUFFIX}: re-plans spaced by the drift trigger (regret "
           f"threshold {DRIFT:g}, from {drift_schedule(args.interval).min_interval} up to {args.interval} steps apart) "

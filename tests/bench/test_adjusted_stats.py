@@ -1,6 +1,8 @@
-"""bench_planner.py's diagnostics snip_cal and snip_oracle: AdjustedStats makes the planner solve with every
-measured layer's statistics passed through an adjustment, and otherwise behaves as the hooks it wraps; weighted_wd
-scales the dgrad and wgrad WD sensitivities only, foreseen_ld the curvature (so LD) only."""
+"""bench_planner.py's diagnostics snip_cal, snip_oracle, snip_trend and snip_share: AdjustedStats makes the planner solve with
+every measured layer's statistics passed through an adjustment, and otherwise behaves as the hooks it wraps;
+weighted_wd scales the dgrad and wgrad WD sensitivities only, foreseen_ld the curvature (so LD) only; TrendedStats
+the curvature by the mean over a plan's life of its growth since the previous measurement; DgradSignalShare dgrad's
+WD by the signal share the measurement gave wgrad's."""
 
 import sys
 from pathlib import Path
@@ -10,22 +12,24 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from bench_planner import AdjustedStats, foreseen_ld, weighted_wd  # noqa: E402
+import math  # noqa: E402
+
+from bench_planner import AdjustedStats, DgradSignalShare, TrendedStats, foreseen_ld, life_mean, weighted_wd  # noqa: E402
 from planner.cost import LayerShape  # noqa: E402
 from planner.stats import LayerStats, PlannerStats  # noqa: E402
 
 
-def _stats() -> PlannerStats:
+def _stats(step: int = 7) -> PlannerStats:
     errors = {"fp4": {"fprop": 0.01, "dgrad": 0.02, "wgrad": 0.03}}
     layers = tuple(LayerStats(LayerShape(f"l{i}", 16, 8, 32), out_rms=1.0, grad_out_rms=0.5, grad_in_rms=0.25,
                               weight_grad_rms=0.125, curvature=2.0 + i, s_dgrad=3.0 + i, s_wgrad=5.0 + i, errors=errors)
                    for i in range(2))
-    return PlannerStats(layers=layers, loss=1.5, step=7)
+    return PlannerStats(layers=layers, loss=1.5, step=step, diagnostics={"wgrad_signal_share": 0.25})
 
 
 class _Hooks:
     def __init__(self):
-        self.planner = SimpleNamespace(measure=lambda *args, **kwargs: _stats())
+        self.planner = SimpleNamespace(measure=lambda batch, step=7, *args, **kwargs: _stats(step))
         self.plans, self.steps, self.setups = ["a plan"], [], 0
 
     def on_setup(self, model, opt) -> None:
@@ -73,3 +77,41 @@ def test_foreseen_ld_fails_on_a_layer_without_a_growth():
     with pytest.raises(KeyError, match="l1"):
         hooks.planner.measure("batch")
 
+
+
+def test_life_mean_is_the_mean_of_a_geometric_growth_over_the_interval():
+    assert life_mean(1.0) == 1.0 and life_mean(1.0 + 1e-12) == 1.0
+    assert life_mean(math.e) == pytest.approx(math.e - 1.0, rel=1e-14)
+    assert life_mean(0.5) == pytest.approx(0.5 / math.log(2.0), rel=1e-14)  # a shrinking curvature too
+    steps = 100_000  # the mean of growth ** t over [0, 1], midpoint rule
+    assert life_mean(40.0) == pytest.approx(sum(40.0 ** ((i + 0.5) / steps) for i in range(steps)) / steps, rel=1e-8)
+
+
+def test_trended_stats_prices_each_curvature_over_the_plans_life_from_the_previous_measurement():
+    hooks = _Hooks()
+    wrapped = TrendedStats(hooks, interval=10, before={"l0": 0.5, "l1": 3.0})  # measured 10 steps before step 0
+    wrapped.on_setup(model=None, opt=None)
+    first = hooks.planner.measure("batch", 0).by_name()  # raw curvatures 2 and 3: growth 4 and 1 over one interval
+    assert first["l0"].curvature == pytest.approx(2.0 * 3.0 / math.log(4.0), rel=1e-14)
+    assert first["l1"].curvature == 3.0 and first["l1"].s_dgrad == 4.0 and first["l0"].errors == _stats().layers[0].errors
+    second = hooks.planner.measure("batch", 20).by_name()  # against the raw curvatures of step 0: no growth
+    assert (second["l0"].curvature, second["l1"].curvature) == (2.0, 3.0)
+    assert wrapped.plans == ["a plan"]
+
+
+def test_trended_stats_reads_growth_per_interval_and_leaves_an_unmeasured_layer_as_it_is():
+    hooks = _Hooks()
+    TrendedStats(hooks, interval=10, before={"l0": 0.0, "l1": 0.75}).on_setup(model=None, opt=None)
+    got = hooks.planner.measure("batch", 10).by_name()  # 20 steps after `before`: growth 4 is 2 per interval
+    assert got["l0"].curvature == 2.0  # no curvature before: no growth to read
+    assert got["l1"].curvature == pytest.approx(3.0 / math.log(2.0), rel=1e-14)
+
+
+def test_dgrad_signal_share_scales_dgrads_wd_by_the_measured_share_only():
+    hooks = _Hooks()
+    DgradSignalShare(hooks).on_setup(model=None, opt=None)
+    stats = hooks.planner.measure("batch", 3)
+    assert stats.diagnostics == {"wgrad_signal_share": 0.25} and stats.step == 3
+    for got, want in zip(stats.layers, _stats().layers):
+        assert got.s_dgrad == want.s_dgrad * 0.25
+        assert (got.s_wgrad, got.curvature, got.errors) == (want.s_wgrad, want.curvature, want.errors)

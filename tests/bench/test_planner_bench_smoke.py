@@ -22,13 +22,13 @@ def test_quality_grid(tmp_path):
     _bench(tmp_path, "quality", "--phases", "2", "--budgets", "0.5,0.75", "--seeds", "0,1", "--steps", "2",
            "--interval", "1", "--methods", "bf16,snip,snip_ld,layer_type,uniform_fp4,snip_horizon_gemm,layer_type_gemm,"
            "random_gemm,random1_gemm,snip_horizon_drift_gemm,layer_type_drift_gemm,snip_cal_gemm,snip_oracle_gemm,"
-           "snip_signal_gemm",
+           "snip_signal_gemm,snip_trend_gemm,snip_share_gemm",
            "--claim", "snip_horizon_gemm", "--workers", "2", "--eval-batches", "2")
     out = json.loads((tmp_path / "cpu-planner-quality.json").read_text())
     cell = out["table"]["2/0.75"]
     assert set(cell) == {"bf16", "snip", "snip_ld", "layer_type", "uniform_fp4", "snip_horizon_gemm", "layer_type_gemm",
                          "random_gemm", "random1_gemm", "snip_horizon_drift_gemm", "layer_type_drift_gemm", "snip_cal_gemm",
-                         "snip_oracle_gemm", "snip_signal_gemm"}
+                         "snip_oracle_gemm", "snip_signal_gemm", "snip_trend_gemm", "snip_share_gemm"}
     rank = out["random_ranks"]["2/0.75"]
     assert rank["draws"] == ["random1_gemm", "random_gemm"] and 0 <= rank["below_draws"] <= 2
     assert "random1_gemm" not in (v["best_heuristic"] for v in out["verdicts"].values())  # a draw, not a rival
@@ -42,6 +42,8 @@ def test_quality_grid(tmp_path):
     assert set(out["verdicts"]) == {"2/0.5", "2/0.75"} and (tmp_path / "cpu-planner-quality.png").exists()
     growth = json.loads((tmp_path / "cache" / "ld-growth-tiny-2-2.json").read_text())  # snip_oracle's foresight
     assert len(growth) == 28 and all(g > 0 for g in growth.values())
+    before = json.loads((tmp_path / "cache" / "curvature-tiny-1.json").read_text())  # snip_trend's first growth
+    assert len(before) == 28 and all(h >= 0 for h in before.values())
     assert out["verdicts"]["2/0.75"]["best_heuristic"] in ("layer_type", "layer_type_gemm", "uniform_fp4", "random_gemm",
                                                            "layer_type_drift_gemm")
     per_gemm = next(r for k, r in out["runs"].items() if "/0.75/layer_type_gemm/" in k)
