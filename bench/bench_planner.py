@@ -80,6 +80,8 @@ LRS = {"tiny": 3e-3, "mini": 1e-3}
 
 def preset_lr(ckpt: dict) -> float:
     return LRS[ckpt.get("preset", "tiny")]
+
+
 BUDGET = Budget.fp4_fraction(0.75)
 SR_DRAWS = 8  # stochastic-rounding passes per layer in the forward-only SR truth
 

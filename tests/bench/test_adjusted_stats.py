@@ -4,6 +4,7 @@ weighted_wd scales the dgrad and wgrad WD sensitivities only, foreseen_ld the cu
 the curvature by the mean over a plan's life of its growth since the previous measurement; DgradSignalShare dgrad's
 WD by the signal share the measurement gave wgrad's."""
 
+import math
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,8 +12,6 @@ from types import SimpleNamespace
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import math  # noqa: E402
 
 from bench_planner import AdjustedStats, DgradSignalShare, TrendedStats, foreseen_ld, life_mean, weighted_wd  # noqa: E402
 from planner.cost import LayerShape  # noqa: E402
@@ -76,7 +75,6 @@ def test_foreseen_ld_fails_on_a_layer_without_a_growth():
     AdjustedStats(hooks, foreseen_ld({"l0": 2.0}, power=1.0)).on_setup(model=None, opt=None)
     with pytest.raises(KeyError, match="l1"):
         hooks.planner.measure("batch")
-
 
 
 def test_life_mean_is_the_mean_of_a_geometric_growth_over_the_interval():
