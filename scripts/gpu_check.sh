@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one go, writing its evidence to bench/results/:
-#   1. snip doctor: every compiled kernel against the reference, timed (bench/results/<device>-doctor.json);
-#   2. the GPU tests (pytest -m gpu): kernels against their PyTorch references, bit for bit;
-#   3. the kernel microbenchmarks: quantization, GEMMs, the BF16+SR optimizer.
+# Everything that needs a GPU, in one go, writing its evidence to bench/results/, quickest and most
+# telling first (a lease that ends early still leaves the earlier steps' evidence):
+#   1. snip doctor: every compiled kernel against the reference, timed, and which model of the FP8
+#      tensor core's accumulation the Hopper GEMM follows (bench/results/<device>-doctor.json);
+#   2. the GPU tests (pytest -m gpu) of the GEMMs, the linear layer, the optimizer and the training
+#      step: kernels against their PyTorch references;
+#   3. the kernel microbenchmarks: quantization, GEMMs, the BF16+SR optimizer;
+#   4. the quantization kernels' GPU tests (about 2,700 cases, bit for bit against the CPU oracle:
+#      the longest step, CPU-bound, spread over up to 8 processes when pytest-xdist is installed).
+# The test log (bench/results/<device>-gpu-tests.txt) has a line per test as it ends, so a run cut
+# short still names every failure so far.
 # Run after the extension is built for this GPU (scripts/install.sh, or
 # pip install --no-build-isolation --no-deps -e . on an offline machine). Exits non-zero if a test
 # fails; the benchmarks still run, so that one broken kernel does not hide the others' numbers.
@@ -25,8 +32,23 @@ log=bench/results/$slug-gpu-tests.txt
 } > "$log"
 "$PY" -m snip_train doctor --results bench/results 2>&1 | tee -a "$log"
 doctor_rc=${PIPESTATUS[0]}
-"$PY" -m pytest -m gpu -q -rs tests 2>&1 | tee -a "$log"
-tests_rc=${PIPESTATUS[0]}
+workers=()
+if "$PY" -c "import xdist" 2>/dev/null; then
+  cores=$(nproc 2>/dev/null || echo 1)
+  workers=(-n $(( cores < 8 ? cores : 8 )))
+fi
+gpu_tests() {  # pytest -m gpu on the given paths: a line per test into the log, failures on the terminal
+  local part=$log.part rc
+  COLUMNS=240 "$PY" -m pytest -m gpu -v -rfEs --tb=short -p no:cacheprovider "${workers[@]}" "$@" >"$part" 2>&1
+  rc=$?
+  cat "$part" >>"$log"
+  grep -E "^(FAILED|ERROR) tests/|^=+ .*(passed|failed|error|skipped|no tests ran)" "$part" | tail -40
+  rm -f "$part"
+  return $rc
+}
+quant_tests=tests/ops/test_quant_kernels_gpu.py
+gpu_tests tests --ignore "$quant_tests"
+tests_rc=$?
 
 rc=$tests_rc
 [ "$doctor_rc" = 0 ] || rc=1
@@ -35,5 +57,8 @@ for bench in "bench/bench_quant.py ${quick[*]}" "bench/bench_gemm.py ${quick[*]}
   # shellcheck disable=SC2086
   "$PY" $bench || { echo "gpu_check: $bench failed" >&2; rc=1; }
 done
-echo "gpu_check: doctor exit status $doctor_rc, tests $tests_rc; results in bench/results/$slug-*"
+gpu_tests "$quant_tests"
+quant_rc=$?
+[ "$quant_rc" = 0 ] || rc=1
+echo "gpu_check: doctor exit status $doctor_rc, GPU tests $tests_rc, quantization GPU tests $quant_rc; results in bench/results/$slug-*"
 exit $rc

@@ -2,9 +2,10 @@
 
 Builds nothing. For each kernel compiled for this GPU: its self-check (`snip_ops.self_check`: small
 and odd shapes; quantization bit for bit, GEMMs within 2^-7 of |a| |b|^T), a large-shape check of the
-same kind, and a time against what it replaces -- torch.matmul in BF16 for the GEMMs (and
-torch._scaled_mm with row-wise scales for the FP8 one), a BF16 copy of the same tensor for the
-quantizer. Prints a table and writes `<results>/<device>-doctor.json`. Without a GPU it says so and
+same kind, for the Hopper FP8 GEMM which model of the tensor core's accumulation it follows
+(snip_ops.tensor_core_model), and a time against what it replaces -- torch.matmul in BF16 for the
+GEMMs (and torch._scaled_mm with row-wise scales for the FP8 one), a BF16 copy of the same tensor for
+the quantizer. Prints a table and writes `<results>/<device>-doctor.json`. Without a GPU it says so and
 exits 0.
 """
 
@@ -77,6 +78,31 @@ def _large_gemm(kernel: str, device: torch.device) -> dict:
     return out
 
 
+def _accumulator_probe(device: torch.device) -> dict:
+    """How the FP8 tensor core sums inside the kernel, which no document says: one fprop GEMM whose
+    magnitudes spread over 13 binades along K (so that aligning addends to the largest one shows),
+    reproduced bit for bit by which of snip_ops.tensor_core_model's models, and its largest error
+    relative to |a| |b|^T (what the GEMM tests' bound, tests/bounds.py, must cover)."""
+    from snip_ops import gemm_kernels
+    from snip_ops.formats import recipe
+    from snip_ops.quantize import quantize
+    from snip_ops.tensor_core_model import BLOCK_K, matching_models
+
+    g = torch.Generator().manual_seed(0)
+    m, n, k = 128, 128, 512
+    x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-6, 7, (1, k), generator=g).float())
+    w = torch.randn(n, k, generator=g)
+    r = recipe("fp8")
+    a, b = quantize(x.to(device), r.act), quantize(w.to(device), r.weight)
+    y = gemm_kernels.qgemm(a, b, out_dtype=torch.float32, path="sm90_fp8")
+    matches = matching_models(y, a.codes, a.scales, b.codes, b.scales.repeat_interleave(BLOCK_K, 0)[:n])
+    best = max(matches.values())
+    da, db = a.dequantize().cpu().double(), b.dequantize().cpu().double()
+    err = (y.cpu().double() - da @ db.t()).abs() / (da.abs() @ db.abs().t())
+    return {"shape": [m, n, k], "best_models": [name for name, f in matches.items() if f == best],
+            "best_match": best, "matches": matches, "max_error_over_abs_product": float(err.max())}
+
+
 def _check(kernel: str, device: torch.device) -> dict:
     from snip_ops import self_check
 
@@ -90,6 +116,8 @@ def _check(kernel: str, device: torch.device) -> dict:
             row.update(_large_quantize(device))
         elif kernel in self_check.GEMM_KERNELS:
             row.update(_large_gemm(kernel, device))
+        if kernel == "fp8_gemm_nt_blockwise":
+            row["accumulator"] = _accumulator_probe(device)
     except Exception as e:  # a wrong answer or a failing launch: reported, never hidden
         row["self_check"] = row.get("self_check", "FAIL")
         row["error"] = f"{type(e).__name__}: {e}"
@@ -118,6 +146,10 @@ def doctor(results: Path) -> int:
         ms = (lambda key: f"{1e3 * r[key]:8.3f}ms" if key in r else f"{'-':>10}")
         print(f"{r['kernel']:24} {r['self_check']:10} {r.get('large_shape', '-'):12} "
               f"{ms('time_s')} {ms('baseline_s')}  {r.get('baseline', '')}")
+        if "accumulator" in r:
+            acc = r["accumulator"]
+            print(f"    FP8 accumulator: {', '.join(acc['best_models'])} reproduce {100 * acc['best_match']:.1f}% of "
+                  f"the outputs bit for bit; largest error {acc['max_error_over_abs_product']:.2e} |a| |b|^T")
         if "error" in r:
             print(f"    {r['error']}", file=sys.stderr)
     slug = re.sub(r"[^a-z0-9]+", "-", info["device"].lower()).strip("-")

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import torch
 
-# Hopper FP8 tensor cores (wgmma, sm_90a) accumulate inside one 128-wide K block of the blockwise
-# kernel in reduced precision, then CUTLASS promotes the block's sum to FP32 and scales it. Assumed
-# (from DeepSeek-V3's report of ~14 retained bits, not yet measured on this kernel): each 32-wide
-# wgmma k-step, 4 per block, adds to the block accumulator with a relative error of at most 2^-13
-# of the magnitudes it has summed (an fp22-like accumulator: 13 fraction bits, truncated).
+# Hopper FP8 tensor cores (wgmma, sm_90a) sum each 128-wide K block of the blockwise kernel in a
+# reduced-precision accumulator that keeps 13 fraction bits (snip_ops/tensor_core_model.py); CUTLASS then
+# promotes the block's sum to FP32 and scales it. How one addition of a group of products works is not
+# documented: the bound holds for either model there (products aligned to the largest addend and
+# truncated, or the exact sum truncated once), with 8, 16 or 32 products per addition.
 TC_BLOCK_K = 128
-TC_STEP_K = 32
-TC_UNIT_ROUNDOFF = 2.0**-13
+TC_FRACTION_BITS = 13
+TC_GROUPS = (8, 16, 32)
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
@@ -52,19 +52,42 @@ def gemm_error_bound(a: torch.Tensor, b: torch.Tensor, accumulate: torch.dtype =
     return gamma(k, accumulate) * mag + 2 * k * torch.finfo(accumulate).tiny
 
 
+def _tensor_core_block_errors(a: torch.Tensor, b: torch.Tensor, group: int) -> torch.Tensor:
+    """[M, N] float64: the sum over the 128-wide K blocks of a bound on each block accumulator's error,
+    for additions of `group` products (tensor_core_model: ALIGNED, which also covers TRUNCATED_SUM).
+    One addition of g products p_i to an accumulator c: each of the g + 1 addends is truncated below
+    2^-13 of the largest (at most max(|c|, max_i |a_i| max_i |b_i|)), and the sum s to 13 fraction
+    bits (2^-13 |s|); |c| is bounded by the exact partial sum plus the error so far."""
+    u = 2.0**-TC_FRACTION_BITS
+    a, b = a.double(), b.double()
+    k = a.shape[-1]
+    slack = 1 + gamma(k, torch.float64)  # the float64 partial sums' own rounding
+    total = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float64, device=a.device)
+    for k0 in range(0, k, TC_BLOCK_K):
+        partial, err = torch.zeros_like(total), torch.zeros_like(total)
+        for g0 in range(k0, min(k, k0 + TC_BLOCK_K), group):
+            ga, gb = a[:, g0 : g0 + group], b[:, g0 : g0 + group]
+            largest = torch.maximum((partial.abs() + err) * slack,
+                                    ga.abs().amax(dim=1)[:, None] * gb.abs().amax(dim=1)[None, :])
+            align = (ga.shape[1] + 1) * u * largest
+            partial = partial + ga @ gb.t()
+            err = err + align + u * ((partial.abs() + err) * slack + align)
+        total += err
+    return total
+
+
 def tensor_core_fp8_gemm_error_bound(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[M, N] float64 bound on the Hopper blockwise FP8 GEMM (snip_C::fp8_gemm_nt_blockwise) against the
-    exact product of the dequantized operands a [M, K], b [N, K], under the accumulator assumption
-    above: the 4 k-steps of each 128-wide block cost 4 * 2^-13 of that block's |a| |b|; then per block
-    an FP32 scale product, the block sum times it, and its FP32 addition into the accumulator; plus
-    one rounding in each dequantized operand of the reference (code times an FP32 scale)."""
+    exact product of the dequantized operands a [M, K], b [N, K]: every block's accumulator error
+    (`_tensor_core_block_errors`, the largest over the group sizes), then per block an FP32 scale
+    product, the block sum times it and its FP32 addition into the total, plus one rounding in each
+    dequantized operand of the reference (code times an FP32 scale): gamma_{blocks + 4} of |a| |b|^T."""
     k = a.shape[-1]
-    steps_per_block = TC_BLOCK_K // TC_STEP_K
     blocks = -(-k // TC_BLOCK_K)
+    block_errors = torch.stack([_tensor_core_block_errors(a, b, g) for g in TC_GROUPS]).amax(dim=0)
     mag = abs_product(a, b) * (1 + gamma(k, torch.float64))
-    per_block = steps_per_block * TC_UNIT_ROUNDOFF
     promotion = gamma(blocks + 4, torch.float32)
-    return (per_block + promotion * (1 + per_block)) * mag + 2 * k * torch.finfo(torch.float32).tiny
+    return block_errors * (1 + promotion) + promotion * mag + 2 * k * torch.finfo(torch.float32).tiny
 
 
 def qgemm_error_bound(path: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

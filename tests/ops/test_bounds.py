@@ -1,15 +1,16 @@
 """The tests' error bounds (tests/bounds.py), checked on the CPU: FP32 GEMMs summed in the worst orders
-stay inside the GEMM bound, real bugs land far outside it, and an emulation of the Hopper FP8
-accumulator that the GPU tests assume stays inside the tensor-core bound."""
+stay inside the GEMM bound, real bugs land far outside it, and every model of the Hopper FP8
+accumulator (snip_ops/tensor_core_model.py) stays inside the tensor-core bound that the GPU tests use."""
 
 import pytest
 import torch
 
-from bounds import (TC_BLOCK_K, TC_STEP_K, TC_UNIT_ROUNDOFF, assert_within, assert_within_gemm_bound,
-                    gemm_error_bound, qgemm_error_bound, tensor_core_fp8_gemm_error_bound, then_rounded)
+from bounds import (TC_BLOCK_K, assert_within, assert_within_gemm_bound, gemm_error_bound, qgemm_error_bound,
+                    tensor_core_fp8_gemm_error_bound, then_rounded)
 from snip_ops import gemm_kernels as gk
 from snip_ops.formats import recipe
 from snip_ops.reference import dequantize, quantize
+from snip_ops.tensor_core_model import StepModel, blockwise_gemm
 
 
 def _operands(m=24, n=40, k=300, seed=0):
@@ -80,43 +81,34 @@ def test_qgemm_bounds_nest_and_cover_the_cpu_path():
         qgemm_error_bound("tf32", a, b)
 
 
-def _truncate(x: torch.Tensor, fraction_bits: int) -> torch.Tensor:
-    """x rounded toward zero to `fraction_bits` bits after its leading one (float64 in, float64 out)."""
-    mantissa, exponent = torch.frexp(x)  # x = mantissa * 2^exponent, 0.5 <= |mantissa| < 1
-    scale = 2.0 ** (fraction_bits + 1)
-    return torch.ldexp(torch.trunc(mantissa * scale) / scale, exponent)
+def _model_gemm(qa, qb, model, group):
+    """snip_C::fp8_gemm_nt_blockwise's FP32 result under one model of the tensor core's accumulation."""
+    n = qb.shape[0]
+    scales_b = qb.scales.repeat_interleave(qb.spec.block[0], 0)[:n]
+    return blockwise_gemm(qa.codes, qa.scales, qb.codes, scales_b, model=model, group=group)
 
 
-def _assumed_hopper_fp8_gemm(qa, qb):
-    """The accumulation tests/bounds.py assumes for snip_C::fp8_gemm_nt_blockwise: exact E4M3 products;
-    each 32-wide k-step's sum added to the block accumulator and truncated to 13 fraction bits; each
-    128-wide block's sum times sfa * sfb (FP32) added into an FP32 accumulator."""
-    ca, cb = qa.codes.float().double(), qb.codes.float().double()
-    m, k = ca.shape
-    n = cb.shape[0]
-    sfa = qa.scales.repeat_interleave(qa.spec.block[0], 0)[:m]
-    sfb = qb.scales.repeat_interleave(qb.spec.block[0], 0)[:n]
-    out = torch.zeros(m, n)
-    for j, start in enumerate(range(0, k, TC_BLOCK_K)):
-        block = torch.zeros(m, n, dtype=torch.float64)
-        for s in range(start, min(start + TC_BLOCK_K, k), TC_STEP_K):
-            step = ca[:, s : s + TC_STEP_K] @ cb[:, s : s + TC_STEP_K].t()  # exact: few-bit products
-            block = _truncate(block + step, 13)
-        scale = sfa[:, j : j + 1] * sfb[:, j]  # FP32 product
-        out = out + (block.float() * scale)
-    return out
+@pytest.mark.parametrize("model", list(StepModel), ids=lambda m: m.value)
+@pytest.mark.parametrize("group", [8, 16, 32])
+@pytest.mark.parametrize("m, n, k", [(24, 40, 300), (32, 48, 1040), (5, 7, 128), (3, 9, 4112)])
+def test_tensor_core_bound_holds_for_every_accumulator_model(model, group, m, n, k):
+    # operands with magnitudes over 13 binades along K: one product can dominate a group, the case in
+    # which aligning to the largest addend loses the most
+    qa, qb = _operands(m=m, n=n, k=k, seed=k + group)
+    a, b = dequantize(qa), dequantize(qb)
+    got = _model_gemm(qa, qb, model, group)
+    ref = a.double() @ b.double().t()
+    assert_within(got, ref, tensor_core_fp8_gemm_error_bound(a, b) + gemm_error_bound(a, b, torch.float64))
 
 
-def test_tensor_core_bound_holds_for_the_assumed_accumulator():
-    assert TC_UNIT_ROUNDOFF == 2.0**-13
+def test_tensor_core_bound_still_rejects_bugs():
     qa, qb = _operands(m=32, n=48, k=1040, seed=3)
     a, b = dequantize(qa), dequantize(qb)
-    got = _assumed_hopper_fp8_gemm(qa, qb)
+    got = _model_gemm(qa, qb, StepModel.ALIGNED, 32).double()
     ref = a.double() @ b.double().t()
     bound = tensor_core_fp8_gemm_error_bound(a, b) + gemm_error_bound(a, b, torch.float64)
-    assert_within(got, ref, bound)
-    # and it still rejects one block's scale 1/8 off in one output column
-    wrong = got.double()
-    wrong[:, 0] += (a[:, :TC_BLOCK_K].double() @ b[0, :TC_BLOCK_K].double()) / 8
-    with pytest.raises(AssertionError, match="exceed the bound"):
-        assert_within(wrong, ref, bound)
+    one_block = a[:, :TC_BLOCK_K].double() @ b[:, :TC_BLOCK_K].double().t()
+    for what, wrong in (("one block's scale 1/4 off", got + one_block / 4), ("a block dropped", got - one_block),
+                        ("a transposed operand", (a.double() @ b.double().t().flip(1)))):
+        with pytest.raises(AssertionError, match="exceed the bound"):
+            assert_within(wrong, ref, bound, what)

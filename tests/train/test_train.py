@@ -197,6 +197,25 @@ def test_doctor_times_the_gemm_that_runs_the_kernel(monkeypatch, kernel):
     assert (seen["a"].element == E5M2) == ("e5m2" in kernel)
 
 
+@pytest.mark.parametrize("model, group", [("aligned", 32), ("truncated_sum", 8)])
+def test_doctor_accumulator_probe_names_the_model_the_kernel_follows(monkeypatch, model, group):
+    """The probe's plumbing, on the CPU: with the kernel stubbed by one model of the accumulation,
+    the probe names that model (so on a GPU its answer is the hardware's)."""
+    from snip_ops import gemm_kernels
+    from snip_ops.tensor_core_model import BLOCK_K, StepModel, blockwise_gemm
+    from snip_train import doctor
+
+    def qgemm(a, b, out_dtype, path):
+        assert path == "sm90_fp8" and out_dtype == torch.float32 and b.spec.block == (BLOCK_K, BLOCK_K)
+        scales_b = b.scales.repeat_interleave(BLOCK_K, 0)[: b.shape[0]]
+        return blockwise_gemm(a.codes, a.scales, b.codes, scales_b, model=StepModel(model), group=group)
+
+    monkeypatch.setattr(gemm_kernels, "qgemm", qgemm)
+    probe = doctor._accumulator_probe(torch.device("cpu"))
+    assert f"{model}/g{group}/p13" in probe["best_models"] and probe["best_match"] == 1.0
+    assert 0 < probe["max_error_over_abs_product"] < 2.0**-8
+
+
 def test_cli_parser():
     p = cli.build_parser()
     a = p.parse_args(["train", "--precision", "fp4_mlp", "--device", "cpu", "--max-bytes", "all"])
