@@ -24,7 +24,10 @@ import enum
 
 import torch
 
-__all__ = ["StepModel", "blockwise_gemm", "matching_models", "BLOCK_K"]
+from .gemm_kernels import hopper_scales
+from .reference import QTensor
+
+__all__ = ["StepModel", "blockwise_gemm", "kernel_operands", "matching_models", "BLOCK_K"]
 
 BLOCK_K = 128
 
@@ -54,6 +57,16 @@ def _add_group(acc: torch.Tensor, products: torch.Tensor, model: StepModel, frac
     else:
         total = acc + products.sum(dim=-1)
     return _truncate(total, _ulp(total, fraction_bits))
+
+
+def kernel_operands(a: QTensor, b: QTensor) -> tuple[torch.Tensor, ...]:
+    """`blockwise_gemm`'s operands for qgemm(a, b) on FP8 QTensors with blocks along K: (codes_a,
+    scales_a, codes_b, scales_b), the scales one per row and K block as the kernel gets A's
+    (gemm_kernels.hopper_scales; a 128x128-blocked operand's repeated over its block's rows)."""
+    def row_scales(q: QTensor) -> torch.Tensor:
+        return hopper_scales(q, "a")[0][:, : q.shape[0]].t()
+
+    return a.codes, row_scales(a), b.codes, row_scales(b)
 
 
 def blockwise_gemm(codes_a: torch.Tensor, scales_a: torch.Tensor, codes_b: torch.Tensor, scales_b: torch.Tensor,

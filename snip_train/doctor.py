@@ -86,7 +86,7 @@ def _accumulator_probe(device: torch.device) -> dict:
     from snip_ops import gemm_kernels
     from snip_ops.formats import recipe
     from snip_ops.quantize import quantize
-    from snip_ops.tensor_core_model import BLOCK_K, matching_models
+    from snip_ops.tensor_core_model import kernel_operands, matching_models
 
     g = torch.Generator().manual_seed(0)
     m, n, k = 128, 128, 512
@@ -95,7 +95,7 @@ def _accumulator_probe(device: torch.device) -> dict:
     r = recipe("fp8")
     a, b = quantize(x.to(device), r.act), quantize(w.to(device), r.weight)
     y = gemm_kernels.qgemm(a, b, out_dtype=torch.float32, path="sm90_fp8")
-    matches = matching_models(y, a.codes, a.scales, b.codes, b.scales.repeat_interleave(BLOCK_K, 0)[:n])
+    matches = matching_models(y, *kernel_operands(a, b))
     best = max(matches.values())
     da, db = a.dequantize().cpu().double(), b.dequantize().cpu().double()
     err = (y.cpu().double() - da @ db.t()).abs() / (da.abs() @ db.abs().t())

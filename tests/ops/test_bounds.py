@@ -10,7 +10,7 @@ from bounds import (TC_BLOCK_K, assert_within, assert_within_gemm_bound, gemm_er
 from snip_ops import gemm_kernels as gk
 from snip_ops.formats import recipe
 from snip_ops.reference import dequantize, quantize
-from snip_ops.tensor_core_model import StepModel, blockwise_gemm
+from snip_ops.tensor_core_model import StepModel, blockwise_gemm, kernel_operands
 
 
 def _operands(m=24, n=40, k=300, seed=0):
@@ -81,13 +81,6 @@ def test_qgemm_bounds_nest_and_cover_the_cpu_path():
         qgemm_error_bound("tf32", a, b)
 
 
-def _model_gemm(qa, qb, model, group):
-    """snip_C::fp8_gemm_nt_blockwise's FP32 result under one model of the tensor core's accumulation."""
-    n = qb.shape[0]
-    scales_b = qb.scales.repeat_interleave(qb.spec.block[0], 0)[:n]
-    return blockwise_gemm(qa.codes, qa.scales, qb.codes, scales_b, model=model, group=group)
-
-
 @pytest.mark.parametrize("model", list(StepModel), ids=lambda m: m.value)
 @pytest.mark.parametrize("group", [8, 16, 32])
 @pytest.mark.parametrize("m, n, k", [(24, 40, 300), (32, 48, 1040), (5, 7, 128), (3, 9, 4112)])
@@ -96,7 +89,7 @@ def test_tensor_core_bound_holds_for_every_accumulator_model(model, group, m, n,
     # which aligning to the largest addend loses the most
     qa, qb = _operands(m=m, n=n, k=k, seed=k + group)
     a, b = dequantize(qa), dequantize(qb)
-    got = _model_gemm(qa, qb, model, group)
+    got = blockwise_gemm(*kernel_operands(qa, qb), model=model, group=group)
     ref = a.double() @ b.double().t()
     assert_within(got, ref, tensor_core_fp8_gemm_error_bound(a, b) + gemm_error_bound(a, b, torch.float64))
 
@@ -104,7 +97,7 @@ def test_tensor_core_bound_holds_for_every_accumulator_model(model, group, m, n,
 def test_tensor_core_bound_still_rejects_bugs():
     qa, qb = _operands(m=32, n=48, k=1040, seed=3)
     a, b = dequantize(qa), dequantize(qb)
-    got = _model_gemm(qa, qb, StepModel.ALIGNED, 32).double()
+    got = blockwise_gemm(*kernel_operands(qa, qb), model=StepModel.ALIGNED, group=32).double()
     ref = a.double() @ b.double().t()
     bound = tensor_core_fp8_gemm_error_bound(a, b) + gemm_error_bound(a, b, torch.float64)
     one_block = a[:, :TC_BLOCK_K].double() @ b[:, :TC_BLOCK_K].double().t()

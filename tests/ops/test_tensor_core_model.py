@@ -6,7 +6,7 @@ import torch
 
 from snip_ops.formats import recipe
 from snip_ops.reference import quantize
-from snip_ops.tensor_core_model import BLOCK_K, StepModel, blockwise_gemm, matching_models
+from snip_ops.tensor_core_model import BLOCK_K, StepModel, blockwise_gemm, kernel_operands, matching_models
 
 MODELS = [(model, group) for model in StepModel for group in (8, 16, 32)]
 
@@ -16,8 +16,7 @@ def _operands(m, n, k, seed):
     x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-6, 7, (1, k), generator=g).float())
     w = torch.randn(n, k, generator=g)
     r = recipe("fp8")
-    qa, qb = quantize(x, r.act), quantize(w, r.weight)
-    return qa.codes, qa.scales, qb.codes, qb.scales.repeat_interleave(BLOCK_K, 0)[:n]
+    return kernel_operands(quantize(x, r.act), quantize(w, r.weight))
 
 
 def _exact_blocks(codes_a, scales_a, codes_b, scales_b):

@@ -202,13 +202,12 @@ def test_doctor_accumulator_probe_names_the_model_the_kernel_follows(monkeypatch
     """The probe's plumbing, on the CPU: with the kernel stubbed by one model of the accumulation,
     the probe names that model (so on a GPU its answer is the hardware's)."""
     from snip_ops import gemm_kernels
-    from snip_ops.tensor_core_model import BLOCK_K, StepModel, blockwise_gemm
+    from snip_ops.tensor_core_model import BLOCK_K, StepModel, blockwise_gemm, kernel_operands
     from snip_train import doctor
 
     def qgemm(a, b, out_dtype, path):
         assert path == "sm90_fp8" and out_dtype == torch.float32 and b.spec.block == (BLOCK_K, BLOCK_K)
-        scales_b = b.scales.repeat_interleave(BLOCK_K, 0)[: b.shape[0]]
-        return blockwise_gemm(a.codes, a.scales, b.codes, scales_b, model=StepModel(model), group=group)
+        return blockwise_gemm(*kernel_operands(a, b), model=StepModel(model), group=group)
 
     monkeypatch.setattr(gemm_kernels, "qgemm", qgemm)
     probe = doctor._accumulator_probe(torch.device("cpu"))
