@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.nn import functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,11 +51,12 @@ sys.path.insert(0, str(ROOT))
 from planner import (Budget, DivergenceConfig, Plan, PlannerConfig, PrecisionSchedule, StatsConfig,  # noqa: E402
                      measure, solve)
 from planner.baselines import block_index  # noqa: E402
+from planner.divergence import _generator as divergence_generator, _sample as sample_labels  # noqa: E402
 from planner.divergence import lm_logits, signal_fractions, weighted_signal_share  # noqa: E402
 from planner.cost import LayerShape, layer_shapes, plan_metrics  # noqa: E402
 from planner.ilp import DEFAULT_LAMBDA, plan_objective  # noqa: E402
 from planner.qerror import gemm_errors, relative_error  # noqa: E402
-from planner.stats import LayerStats, PlannerStats, record  # noqa: E402
+from planner.stats import LayerStats, PlannerStats, high_precision, record  # noqa: E402
 from snip_ops import LinearPrecision, SnipLinear, convert  # noqa: E402
 from snip_ops.module import layer_seed  # noqa: E402
 from snip_ops import gemm as snip_gemm  # noqa: E402
@@ -62,6 +64,7 @@ from snip_ops.formats import GEMMS, Rounding, recipe  # noqa: E402
 from snip_train.data import TokenData  # noqa: E402
 from snip_train.model import Llama, LlamaConfig  # noqa: E402
 from snip_train.planning import ComparisonConfig, make_hooks, run_comparison  # noqa: E402
+from snip_train.state import set_sr_counters, sr_counters  # noqa: E402
 from snip_train.train import TrainConfig, learning_rates, train  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -866,9 +869,9 @@ SNIP_VARIANTS = {"snip": WITHOUT_SIGNAL_SHARE, "snip_ld": {"terms": "ld", **WITH
                  "snip_wd": {"terms": "wd", **WITHOUT_SIGNAL_SHARE}, "snip_lam0.1": {"lam": 0.1, **WITHOUT_SIGNAL_SHARE},
                  **{m: {"wd_horizon": "interval", **WITHOUT_SIGNAL_SHARE}
                     for m in ("snip_horizon", "snip_lrs", "snip_cal", "snip_oracle")},
-                 **{m: {"wd_horizon": "interval"} for m in ("snip_signal", "snip_trend", "snip_share")}}
+                 **{m: {"wd_horizon": "interval"} for m in ("snip_signal", "snip_trend", "snip_share", "snip_struct")}}
 # SNIP variants whose WD horizon follows the branch's learning-rate decay (SnipPlanner's lr_schedule)
-LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle", "snip_signal", "snip_trend", "snip_share")
+LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle", "snip_signal", "snip_trend", "snip_share", "snip_struct")
 # snip_cal: snip_lrs with each backward GEMM's WD times the loss it measurably costs per unit of predicted WD,
 # relative to LD's (bench scale, bench/results/cpu-planner-scale.md: the geometric mean over the three checkpoints
 # of (measured / predicted for the GEMM) / (measured / predicted for fprop) is 1.61-1.68 for dgrad and 0.13-0.16
@@ -886,6 +889,10 @@ FORESIGHT_BATCHES, FORESIGHT_DRAWS = (7, 8), 8
 # dgrad's error is linear in dy (dy's rounding noise, and dy (Q(w) - w) for the weight's), so its mean over batches is
 # as small a part of it as the gradient's mean is of the gradient, which the planner's default (wgrad only) does not
 # assume
+# snip_struct: snip_signal whose LD prices each layer's forward error along its actual FP4 output error instead of as
+# isotropic noise: at every re-plan each layer's curvature times structured_ld / LD in FP4 on the calibration batch.
+# The FP4 forward's error is mostly the weight's rounding, shared by every token; its Gauss-Newton form is 1.2-4x LD and
+# matches the measured immediate cost of every forward GEMM in FP4 at once (bench_forward_error.py)
 # snip_trend: snip_signal whose LD prices each layer's curvature over the plan's life instead of at its start: with
 # g the layer's curvature growth over one interval, extrapolated from the previous measurement, the mean over the
 # interval of a geometric growth, (g - 1) / ln g. The first plan of a branch reads its growth from the curvature
@@ -1038,6 +1045,87 @@ class TrendedStats(AdjustedStats):
                                                        for s in stats.layers))
 
 
+FP4_FORWARD = LinearPrecision(fprop="fp4", dgrad="bf16", wgrad="bf16")
+
+
+def fp4_output_errors(model, layers, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(logits, {layer: its bf16 output, in the graph}, {layer: its FP4 forward's output minus the bf16 one on the
+    same input}) on a window batch, every other GEMM in bf16. The SR counters are put back: the forward GEMMs round
+    to nearest, but a branch must draw the same bits however often it is measured."""
+    inputs, outputs = {}, {}
+
+    def keep(name):
+        def hook(mod, args, y):
+            inputs[name], outputs[name] = args[0].detach(), y
+        return hook
+
+    handles = [m.register_forward_hook(keep(n)) for n, m in layers.items()]
+    try:
+        with high_precision(layers):
+            logits = lm_logits(model, batch)
+    finally:
+        for h in handles:
+            h.remove()
+    counters = sr_counters(model)
+    errors = {}
+    try:
+        with torch.no_grad():
+            for n, m in layers.items():
+                saved = m.precision
+                m.set_precision(FP4_FORWARD)
+                try:
+                    errors[n] = m(inputs[n]).float() - outputs[n].detach().float()
+                finally:
+                    m.set_precision(saved)
+    finally:
+        set_sr_counters(model, counters)
+    return logits, outputs, errors
+
+
+def structured_ld(model, layers, batch, draws: int, seed: int = 0) -> dict[str, float]:
+    """{layer: 1/2 e^T G e}, the Gauss-Newton form of LD along the layer's actual FP4 forward error e on `batch`
+    instead of isotropic noise of e's energy (with isotropic e it is LD): N/2 E_s sum_b (g_s,b . e_b)^2 over `draws`
+    sampled-label cotangents g_s at the layer's output (planner/divergence.py, method "fisher"), summed per sequence
+    b (independent sequences: the cross-sequence terms have mean zero)."""
+    logits, outputs, errors = fp4_output_errors(model, layers, batch)
+    logits = logits.reshape(-1, logits.shape[-1]).float()
+    probs = logits.detach().softmax(-1)
+    names = list(layers)
+    out = {n: 0.0 for n in names}
+    for d in range(draws):
+        labels = sample_labels(probs, divergence_generator(seed, (d,), probs.device))
+        grads = torch.autograd.grad(F.cross_entropy(logits, labels), [outputs[n] for n in names],
+                                    retain_graph=d + 1 < draws)
+        for n, g in zip(names, grads):
+            per_sequence = (g.float() * errors[n]).flatten(1).sum(1)
+            out[n] += logits.shape[0] / 2 * float(per_sequence.pow(2).sum()) / draws
+    return out
+
+
+class StructuredLD(AdjustedStats):
+    """Planner hooks whose planner solves with every layer's curvature times structured_ld / LD in FP4, measured on
+    each re-plan's calibration batch (snip_struct)."""
+
+    def __init__(self, hooks):
+        super().__init__(hooks, adjust=None)
+
+    def on_setup(self, model, opt) -> None:
+        self.hooks.on_setup(model, opt)
+        planner = self.hooks.planner
+        measure = planner.measure
+
+        def adjusted(batch, *args, **kwargs) -> PlannerStats:
+            stats = measure(batch, *args, **kwargs)
+            struct = structured_ld(planner.model, planner.layers, batch, DivergenceConfig().draws)
+
+            def factor(s: LayerStats) -> float:
+                iso = s.ld("fp4")
+                return struct[s.name] / iso if iso > 0 else 1.0
+            return dataclasses.replace(stats, layers=tuple(dataclasses.replace(s, curvature=s.curvature * factor(s))
+                                                           for s in stats.layers))
+        planner.measure = adjusted
+
+
 def curvature_at(preset: str, steps: int) -> dict[str, float]:
     """{layer: its curvature} at the `steps`-step checkpoint as the planner measures it (calibration batch 7;
     cached: the workers only read it)."""
@@ -1055,6 +1143,7 @@ ADJUSTED_STATS = {
     "snip_oracle": lambda run, hooks: AdjustedStats(
         hooks, foreseen_ld(ld_growth(run.preset, run.phase, run.steps), run.interval / run.steps)),
     "snip_share": lambda run, hooks: DgradSignalShare(hooks),
+    "snip_struct": lambda run, hooks: StructuredLD(hooks),
     "snip_trend": lambda run, hooks: TrendedStats(hooks, run.interval, curvature_at(run.preset, run.phase - run.interval))}
 
 
@@ -1246,7 +1335,9 @@ def bench_quality(args) -> None:
           "one interval extrapolated from the previous measurement (the first plan's: the checkpoint one interval "
           "earlier, what a planner re-planning along the bf16 trajectory would have measured); snip_share: "
           "snip_signal with dgrad's WD times the same share (its error, linear in dy, treated as noise that Adam's v "
-          "absorbs like wgrad's); "
+          "absorbs like wgrad's); snip_struct: snip_signal with each layer's LD along its actual FP4 forward error "
+          "(the Gauss-Newton form 1/2 e^T G e from the Fisher draws, per sequence; LD prices it as isotropic noise of "
+          "the same energy) at every re-plan, as its curvature times that over LD in FP4; "
           f"*{GEMM_SUFFIX}: one precision per GEMM (forward, dgrad, wgrad) instead of per layer; the planner's "
           f"defaults are snip_signal{GEMM_SUFFIX}, as snip train plans; *{DRIFT_SUFFIX}: re-plans spaced by the drift trigger (regret "
           f"threshold {DRIFT:g}, from {drift_schedule(args.interval).min_interval} up to {args.interval} steps apart) "

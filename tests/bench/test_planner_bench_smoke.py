@@ -22,13 +22,13 @@ def test_quality_grid(tmp_path):
     _bench(tmp_path, "quality", "--phases", "2", "--budgets", "0.5,0.75", "--seeds", "0,1", "--steps", "2",
            "--interval", "1", "--methods", "bf16,snip,snip_ld,layer_type,uniform_fp4,snip_horizon_gemm,layer_type_gemm,"
            "random_gemm,random1_gemm,snip_horizon_drift_gemm,layer_type_drift_gemm,snip_cal_gemm,snip_oracle_gemm,"
-           "snip_signal_gemm,snip_trend_gemm,snip_share_gemm",
+           "snip_signal_gemm,snip_trend_gemm,snip_share_gemm,snip_struct_gemm",
            "--claim", "snip_horizon_gemm", "--workers", "2", "--eval-batches", "2")
     out = json.loads((tmp_path / "cpu-planner-quality.json").read_text())
     cell = out["table"]["2/0.75"]
     assert set(cell) == {"bf16", "snip", "snip_ld", "layer_type", "uniform_fp4", "snip_horizon_gemm", "layer_type_gemm",
                          "random_gemm", "random1_gemm", "snip_horizon_drift_gemm", "layer_type_drift_gemm", "snip_cal_gemm",
-                         "snip_oracle_gemm", "snip_signal_gemm", "snip_trend_gemm", "snip_share_gemm"}
+                         "snip_oracle_gemm", "snip_signal_gemm", "snip_trend_gemm", "snip_share_gemm", "snip_struct_gemm"}
     rank = out["random_ranks"]["2/0.75"]
     assert rank["draws"] == ["random1_gemm", "random_gemm"] and 0 <= rank["below_draws"] <= 2
     assert "random1_gemm" not in (v["best_heuristic"] for v in out["verdicts"].values())  # a draw, not a rival
@@ -151,3 +151,28 @@ def test_kept_above_fp4_counts_every_plans_gemms_by_kind():
     kept = kept_above_fp4([{"plans": [plan]}, {"plans": [other]}])
     assert kept == {"fprop": 0.4, "dgrad": 0.2, "wgrad": 0.4}
     assert kept_above_fp4([{"plans": []}]) is None and kept_above_fp4([{"plans": [{"precisions": {"a": "fp4"}}]}]) is None
+
+
+def test_forward_error(tmp_path):
+    from snip_ops import SnipLinear, convert
+    from snip_train.model import Llama
+    names = [n for n, m in convert(Llama("tiny")).named_modules() if isinstance(m, SnipLinear)]
+    fp4 = {"model.layers.0.mlp.up_proj", "model.layers.3.self_attn.q_proj"}
+    plan = {n: {"fprop": "fp4" if n in fp4 else "fp8", "dgrad": "fp4", "wgrad": "fp4"} for n in names}
+    runs = {"tiny/2/-/bf16/0/2/1/e2/lr0.003": {"final_val_loss": 4.0, "plans": []},
+            "tiny/2/0.5/snip_gemm/0/2/1/e2/lr0.003": {"final_val_loss": 4.25, "plans": [{"precisions": plan}]},
+            "tiny/9/0.5/snip_gemm/0/2/1/e2/lr0.003": {"final_val_loss": 9.0, "plans": [{"precisions": plan}]}}
+    (tmp_path / "quality.json").write_text(json.dumps({"runs": runs}))
+    env = {**os.environ, "SNIP_BENCH_CACHE": str(tmp_path / "cache")}
+    subprocess.run([sys.executable, str(ROOT / "bench" / "bench_forward_error.py"), "--phases", "2", "--batches", "2",
+                    "--draws", "2", "--plans", str(tmp_path / "quality.json"), "--results", str(tmp_path)],
+                   cwd=ROOT, check=True, capture_output=True, text=True, timeout=600, env=env)
+    (phase,) = json.loads((tmp_path / "cpu-planner-forward-error.json").read_text())["phases"]
+    assert phase["phase"] == 2 and [r["layer"] for r in phase["layers"]] == names
+    assert all(r["ld"] >= 0 and r["ld_struct"] >= 0 and r["measured_se"] >= 0 for r in phase["layers"])
+    assert [b["block"] for b in phase["blocks"]] == [0, 1, 2, 3]
+    assert phase["sum_measured"] == pytest.approx(sum(r["measured"] for r in phase["layers"]))
+    (row,) = phase["plans"]  # the other checkpoint's run is not this one's
+    assert (row["method"], row["fp4_forward_gemms"], row["trained_gap"]) == ("snip_gemm", 2, 0.25)
+    by_layer = {r["layer"]: r for r in phase["layers"]}
+    assert row["ld"] == pytest.approx(sum(by_layer[n]["ld"] for n in fp4))

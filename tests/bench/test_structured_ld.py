@@ -1,0 +1,99 @@
+"""bench_planner.py's structured_ld: the Gauss-Newton form of LD along a layer's actual FP4 forward error, estimated
+from sampled-label cotangents summed per sequence, is unbiased for 1/2 e^T G e computed exactly from the logits'
+change along e; measuring it leaves the plan and the SR counters as they were; StructuredLD (snip_struct) makes the
+planner solve with every layer's curvature times structured_ld / LD in FP4."""
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import bench_planner  # noqa: E402
+from bench_planner import StructuredLD, fp4_output_errors, structured_ld  # noqa: E402
+from planner.cost import LayerShape  # noqa: E402
+from planner.stats import LayerStats, PlannerStats  # noqa: E402
+from snip_ops import SnipLinear, convert  # noqa: E402
+from snip_train.model import Llama, LlamaConfig  # noqa: E402
+from snip_train.state import sr_counters  # noqa: E402
+
+
+def _model_and_batch(sequences: int = 4, length: int = 16):
+    torch.manual_seed(0)
+    model = convert(Llama(LlamaConfig.preset("tiny", n_layers=2, dim=64, n_heads=2, n_kv_heads=1, ffn_hidden=128,
+                                             max_seq_len=length)))
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, SnipLinear)}
+    batch = torch.randint(0, 256, (sequences, length + 1), generator=torch.Generator().manual_seed(1))
+    return model, layers, batch
+
+
+def _exact_gauss_newton(model, layer, error, batch) -> float:
+    """1/2 e^T G e of the mean cross-entropy: (1/2N) sum_t dz_t^T (diag(p_t) - p_t p_t^T) dz_t, dz = J e the logits'
+    change along e (central difference, step 1e-2 of e: its O(step^2) error is far below the test's tolerance)."""
+    step = 1e-2
+
+    def logits_with(sign: float) -> torch.Tensor:
+        handle = layer.register_forward_hook(lambda mod, args, y: y + sign * step * error.to(y.dtype))
+        try:
+            with torch.no_grad():
+                return model(batch[:, :-1]).double()
+        finally:
+            handle.remove()
+    dz = ((logits_with(1.0) - logits_with(-1.0)) / (2 * step)).reshape(-1, 256)
+    with torch.no_grad():
+        p = model(batch[:, :-1]).double().reshape(-1, 256).softmax(-1)
+    quad = (p * dz.pow(2)).sum(-1) - (p * dz).sum(-1).pow(2)
+    return float(quad.sum()) / (2 * dz.shape[0])
+
+
+def test_structured_ld_is_unbiased_for_the_gauss_newton_form_along_the_actual_error():
+    model, layers, batch = _model_and_batch()
+    draws = 400
+    got = structured_ld(model, layers, batch, draws)
+    _, _, errors = fp4_output_errors(model, layers, batch)
+    for name in ("model.layers.0.self_attn.v_proj", "model.layers.1.mlp.down_proj"):
+        want = _exact_gauss_newton(model, layers[name], errors[name], batch)
+        assert want > 0
+        # one draw sums 4 independent per-sequence squares of roughly Gaussian terms: relative SD about
+        # sqrt(2 / 4) = 0.7, so 0.035 over 400 draws; 0.2 is more than 5 standard errors
+        assert got[name] == pytest.approx(want, rel=0.2)
+
+
+def test_fp4_output_errors_leave_the_plan_and_the_sr_counters_as_they_were():
+    model, layers, batch = _model_and_batch()
+    layers["model.layers.0.mlp.up_proj"].set_precision("fp4")
+    model.loss(batch)  # an FP4 layer's forward advances its SR counter
+    precisions = {n: m.precision for n, m in layers.items()}
+    counters = sr_counters(model)
+    _, outputs, errors = fp4_output_errors(model, layers, batch)
+    assert {n: m.precision for n, m in layers.items()} == precisions and sr_counters(model) == counters
+    assert set(errors) == set(layers) and all(outputs[n].requires_grad for n in layers)
+    assert all(errors[n].shape == outputs[n].shape and errors[n].abs().max() > 0 for n in layers)
+
+
+def _stats() -> PlannerStats:
+    errors = {"fp4": {"fprop": 0.01, "dgrad": 0.02, "wgrad": 0.03}}
+    layers = tuple(LayerStats(LayerShape(f"l{i}", 16, 8, 32), out_rms=1.0, grad_out_rms=0.5, grad_in_rms=0.25,
+                              weight_grad_rms=0.125, curvature=curvature, s_dgrad=3.0, s_wgrad=5.0, errors=errors)
+                   for i, curvature in enumerate((2.0, 0.0)))
+    return PlannerStats(layers=layers, loss=1.5, step=7)
+
+
+def test_structured_ld_hooks_scale_each_curvature_by_structured_over_isotropic_ld(monkeypatch):
+    seen = {}
+
+    def fake_structured_ld(model, layers, batch, draws):
+        seen.update(model=model, layers=layers, batch=batch)
+        return {"l0": 0.06, "l1": 0.5}
+    monkeypatch.setattr(bench_planner, "structured_ld", fake_structured_ld)
+    planner = SimpleNamespace(model="the model", layers="its layers", measure=lambda batch, *a, **k: _stats())
+    hooks = SimpleNamespace(planner=planner, on_setup=lambda model, opt: None)
+    StructuredLD(hooks).on_setup(model=None, opt=None)
+    got = planner.measure("the batch").by_name()
+    assert seen == {"model": "the model", "layers": "its layers", "batch": "the batch"}
+    assert got["l0"].curvature == pytest.approx(2.0 * 0.06 / (2.0 * 0.01)) and got["l0"].ld("fp4") == pytest.approx(0.06)
+    assert got["l1"].curvature == 0.0  # no isotropic LD to scale: left as measured
+    assert (got["l0"].s_dgrad, got["l0"].s_wgrad, got["l0"].errors) == (3.0, 5.0, _stats().layers[0].errors)
