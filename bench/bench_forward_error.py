@@ -35,26 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_planner as bp  # noqa: E402
 from planner.baselines import block_index  # noqa: E402
-from planner.stats import high_precision  # noqa: E402
 
 FIRST_BATCH_SEED = 100  # the measured batches: calibration_batch(100 + i), none of them the calibration batch
 BLOCK_TRUTHS = "cpu-planner-scale-blocks.json"
-
-
-def measured_changes(model, layers, batches, sets: dict[str, list[str]]) -> dict[str, list[float]]:
-    """{set name: [loss with the set's forward GEMMs in FP4 minus bf16, per batch]}."""
-    out = {}
-    with torch.no_grad(), high_precision(layers):
-        base = [float(model.loss(x)) for x in batches]
-        for key, names in sets.items():
-            for n in names:
-                layers[n].set_precision(bp.FP4_FORWARD)
-            try:
-                out[key] = [float(model.loss(x)) - b for x, b in zip(batches, base)]
-            finally:
-                for n in names:
-                    layers[n].set_precision("bf16")
-    return out
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
@@ -107,10 +90,10 @@ def bench_phase(args, phase: int) -> dict:
     sets["joint"] = names
     plans = plan_sets(args.plans, args.preset, phase, names) if args.plans else {}
     sets.update({f"plan:{m}": p["fp4"] for m, p in plans.items()})
-    changes = measured_changes(model, layers, batches, sets)
-    layer_rows = [{"layer": n, "block": block_index(n), "ld": ld[n], "ld_struct": struct[n],
-                   "measured": mean_se(changes[n])[0], "measured_se": mean_se(changes[n])[1]} for n in names]
-    measured = [r["measured"] for r in layer_rows]
+    changes = bp.fp4_forward_loss_changes(model, layers, batches, sets)
+    measured = {key: dict(zip(("measured", "measured_se"), mean_se(v))) for key, v in changes.items()}
+    layer_rows = [{"layer": n, "block": block_index(n), "ld": ld[n], "ld_struct": struct[n], **measured[n]}
+                  for n in names]
     truths = block_truths(args.preset, phase)
     blocks = []
     for b in sorted({r["block"] for r in layer_rows}):
@@ -118,14 +101,14 @@ def bench_phase(args, phase: int) -> dict:
         blocks.append({"block": b, **{k: sum(r[k] for r in rows) for k in ("ld", "ld_struct", "measured")},
                        "trained_truth": truths.get(b)})
     plan_rows = [{"method": m, "fp4_forward_gemms": len(p["fp4"]), "ld": sum(ld[n] for n in p["fp4"]),
-                  "ld_struct": sum(struct[n] for n in p["fp4"]), "measured": mean_se(changes[f"plan:{m}"])[0],
-                  "measured_se": mean_se(changes[f"plan:{m}"])[1], "trained_gap": p["gap"]}
+                  "ld_struct": sum(struct[n] for n in p["fp4"]), **measured[f"plan:{m}"], "trained_gap": p["gap"]}
                  for m, p in sorted(plans.items(), key=lambda kv: (kv[1]["gap"] is None, kv[1]["gap"]))]
     return {"phase": phase, "loss": stats.loss, "layers": layer_rows, "blocks": blocks, "plans": plan_rows,
-            "spearman_ld": bp.spearman([r["ld"] for r in layer_rows], measured),
-            "spearman_ld_struct": bp.spearman([r["ld_struct"] for r in layer_rows], measured),
-            "sum_ld": sum(ld.values()), "sum_ld_struct": sum(struct.values()), "sum_measured": sum(measured),
-            "joint": mean_se(changes["joint"])[0], "joint_se": mean_se(changes["joint"])[1]}
+            **{f"spearman_{k}": bp.spearman([r[k] for r in layer_rows], [r["measured"] for r in layer_rows])
+               for k in ("ld", "ld_struct")},
+            "sum_ld": sum(ld.values()), "sum_ld_struct": sum(struct.values()),
+            "sum_measured": sum(r["measured"] for r in layer_rows),
+            "joint": measured["joint"]["measured"], "joint_se": measured["joint"]["measured_se"]}
 
 
 def markdown(args, phases: list[dict]) -> str:

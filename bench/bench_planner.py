@@ -87,6 +87,7 @@ def preset_lr(ckpt: dict) -> float:
 
 BUDGET = Budget.fp4_fraction(0.75)
 SR_DRAWS = 8  # stochastic-rounding passes per layer in the forward-only SR truth
+FP4_FORWARD = LinearPrecision(fprop="fp4", dgrad="bf16", wgrad="bf16")  # a layer's forward GEMM alone in FP4
 
 
 def machine() -> dict:
@@ -366,6 +367,23 @@ def bootstrap_spearman(a, b, resamples: int = 2000, seed: int = 0) -> list[float
     return [vals[int(0.05 * len(vals))], vals[int(0.95 * len(vals)) - 1]]
 
 
+def fp4_forward_loss_changes(model, layers, batches, sets: dict[str, list[str]]) -> dict[str, list[float]]:
+    """{set name: [loss with the set's layers' forward GEMMs in FP4 (round to nearest) minus bf16, per batch]}, every
+    other GEMM in bf16; the layers' precisions are put back after."""
+    out = {}
+    with torch.no_grad(), high_precision(layers):
+        base = [float(model.loss(x)) for x in batches]
+        for key, names in sets.items():
+            for n in names:
+                layers[n].set_precision(FP4_FORWARD)
+            try:
+                out[key] = [float(model.loss(x)) - b for x, b in zip(batches, base)]
+            finally:
+                for n in names:
+                    layers[n].set_precision("bf16")
+    return out
+
+
 def first_order_terms(model, layers, names, batches) -> dict[str, list[float]]:
     """Per layer and batch, g_l . (Q(y_l) - y_l): the first-order part of the loss change when layer l's
     fprop is rounded to nearest in fp4 (g_l = d loss / d y_l of the bf16 model)."""
@@ -449,7 +467,8 @@ def bench_validity(args) -> None:
         with torch.no_grad():
             return [float(model.loss(b)) for b in val]
     base = val_losses()
-    fwd, fwd_sr = {}, {}  # per layer: per-batch (RNE) and per-draw (SR) loss increases
+    fwd = fp4_forward_loss_changes(model, layers, val, {n: [n] for n in names})  # per layer, per batch (RNE)
+    fwd_sr = {}  # per layer, per draw
     # (a') the same with the fprop operands stochastically rounded (unbiased noise, fresh bits per
     # forward), averaged over SR_DRAWS passes: the quantity LD estimates, E[L(y + noise)] - L(y),
     # without the first-order term g . delta of one fixed round-to-nearest perturbation.
@@ -457,8 +476,6 @@ def bench_validity(args) -> None:
     fp4_sr = dataclasses.replace(fp4, name="fp4_sr", act=dataclasses.replace(fp4.act, rounding=Rounding.SR),
                                  weight=dataclasses.replace(fp4.weight, rounding=Rounding.SR))
     for n in names:
-        layers[n].set_precision(LinearPrecision(fprop="fp4", dgrad="bf16", wgrad="bf16"))
-        fwd[n] = [q - b for q, b in zip(val_losses(), base)]
         layers[n].set_precision(LinearPrecision(fprop=fp4_sr, dgrad="bf16", wgrad="bf16"))
         fwd_sr[n] = [statistics.mean(val_losses()) - statistics.mean(base) for _ in range(SR_DRAWS)]
         layers[n].set_precision("bf16")
@@ -972,11 +989,18 @@ class AdjustedStats:
         measure = self.hooks.planner.measure
 
         def adjusted(batch, *args, **kwargs) -> PlannerStats:
-            return self.adjust_stats(measure(batch, *args, **kwargs))
+            return self.adjust_stats(measure(batch, *args, **kwargs), batch)
         self.hooks.planner.measure = adjusted
 
-    def adjust_stats(self, stats: PlannerStats) -> PlannerStats:
+    def adjust_stats(self, stats: PlannerStats, batch) -> PlannerStats:
+        """`stats` as the planner solves with them; `batch`: the calibration batch they were measured on."""
         return dataclasses.replace(stats, layers=tuple(self.adjust(s) for s in stats.layers))
+
+
+def curvature_times(stats: PlannerStats, factor: Callable[[LayerStats], float]) -> PlannerStats:
+    """`stats` with every layer's curvature (so its LD) times factor(layer)."""
+    return dataclasses.replace(stats, layers=tuple(dataclasses.replace(s, curvature=s.curvature * factor(s))
+                                                   for s in stats.layers))
 
 
 class DgradSignalShare(AdjustedStats):
@@ -986,7 +1010,7 @@ class DgradSignalShare(AdjustedStats):
     def __init__(self, hooks):
         super().__init__(hooks, adjust=None)
 
-    def adjust_stats(self, stats: PlannerStats) -> PlannerStats:
+    def adjust_stats(self, stats: PlannerStats, batch) -> PlannerStats:
         share = stats.diagnostics["wgrad_signal_share"]
         return dataclasses.replace(stats, layers=tuple(dataclasses.replace(s, s_dgrad=s.s_dgrad * share)
                                                        for s in stats.layers))
@@ -1033,7 +1057,7 @@ class TrendedStats(AdjustedStats):
         super().__init__(hooks, adjust=None)
         self.interval, self.previous = interval, (-interval, before)
 
-    def adjust_stats(self, stats: PlannerStats) -> PlannerStats:
+    def adjust_stats(self, stats: PlannerStats, batch) -> PlannerStats:
         (step_before, before), self.previous = self.previous, (stats.step, {s.name: s.curvature for s in stats.layers})
 
         def factor(s: LayerStats) -> float:
@@ -1041,11 +1065,7 @@ class TrendedStats(AdjustedStats):
             if not (h0 > 0 and h1 > 0 and stats.step > step_before):
                 return 1.0
             return life_mean((h1 / h0) ** (self.interval / (stats.step - step_before)))
-        return dataclasses.replace(stats, layers=tuple(dataclasses.replace(s, curvature=s.curvature * factor(s))
-                                                       for s in stats.layers))
-
-
-FP4_FORWARD = LinearPrecision(fprop="fp4", dgrad="bf16", wgrad="bf16")
+        return curvature_times(stats, factor)
 
 
 def fp4_output_errors(model, layers, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -1109,21 +1129,14 @@ class StructuredLD(AdjustedStats):
     def __init__(self, hooks):
         super().__init__(hooks, adjust=None)
 
-    def on_setup(self, model, opt) -> None:
-        self.hooks.on_setup(model, opt)
+    def adjust_stats(self, stats: PlannerStats, batch) -> PlannerStats:
         planner = self.hooks.planner
-        measure = planner.measure
+        struct = structured_ld(planner.model, planner.layers, batch, DivergenceConfig().draws)
 
-        def adjusted(batch, *args, **kwargs) -> PlannerStats:
-            stats = measure(batch, *args, **kwargs)
-            struct = structured_ld(planner.model, planner.layers, batch, DivergenceConfig().draws)
-
-            def factor(s: LayerStats) -> float:
-                iso = s.ld("fp4")
-                return struct[s.name] / iso if iso > 0 else 1.0
-            return dataclasses.replace(stats, layers=tuple(dataclasses.replace(s, curvature=s.curvature * factor(s))
-                                                           for s in stats.layers))
-        planner.measure = adjusted
+        def factor(s: LayerStats) -> float:
+            iso = s.ld("fp4")
+            return struct[s.name] / iso if iso > 0 else 1.0
+        return curvature_times(stats, factor)
 
 
 def curvature_at(preset: str, steps: int) -> dict[str, float]:
