@@ -2,21 +2,23 @@
 
     python bench/bench_forward_error.py --preset mini --phases 400 --plans bench/results/cpu-planner-quality-mini-signal-75.json
 
-LD prices a layer's forward error as noise spread evenly over its output, independent from token to token:
-LD = h_l e_fwd with h_l = rms(y_l)^2 tr(G_ll) / 2 (planner/divergence.py). The real error of an FP4 forward is
-mostly the weight's rounding, one fixed perturbation Q(w) - w shared by every token and every batch. This bench
-measures, per layer of the planner's candidates:
+The isotropic LD prices a layer's forward error as noise spread evenly over its output, independent from token to
+token: LD = h_l e_fwd with h_l = rms(y_l)^2 tr(G_ll) / 2 (planner/divergence.py). The real error is not spread
+evenly: the input's rounding reaches the output through the weight, where the output's curvature lies too. This
+bench measures, per layer of the planner's candidates:
   * measured: the loss change of that layer's FP4 forward alone (every other GEMM bf16), mean +- standard error over
     `--batches` training batches: the immediate cost LD estimates. It includes the first-order term g . e, whose mean
     over batches is <E[dW], Q(w) - w>: not zero while training is under way, and of either sign;
-  * LD: the planner's (Fisher curvature, its default draws, the calibration batch);
+  * LD: the planner's default, isotropic (Fisher curvature, its default draws, the calibration batch);
+  * LD_dir: the planner's directional LD (divergence.py, "Directional LD"): the Gauss-Newton form along the layer's
+    actual error position by position, on the statistics pass's sampled rows, the same draws;
   * LD_struct: the same Gauss-Newton quadratic form along the layer's actual FP4 output error e on the calibration
     batch, 1/2 e^T G e = N/2 E_s sum_b (g_s,b . e_b)^2 over sampled-label cotangents g_s at the layer's output, summed
     per sequence b (sequences are independent, so the cross-sequence terms have mean zero); with isotropic e it is LD;
   * joint: all forward GEMMs in FP4 at once, against the sum of the layers' measured changes (additivity).
 With `--plans` (a quality results file): each method's first plan at seed 0 from this checkpoint, its forward
-GEMMs in FP4 at once (the backward bf16): the measured immediate change, LD and LD_struct of that set, and the
-method's trained gap to bf16 from the file (mean over its seeds): whether the plans differ in what they cost at
+GEMMs in FP4 at once (the backward bf16): the measured immediate change, LD, LD_dir and LD_struct of that set, and
+the method's trained gap to bf16 from the file (mean over its seeds): whether the plans differ in what they cost at
 once or only through training. On the tiny preset, the per-block training truths of bench_planner.py scale
 --blocks (cpu-planner-scale-blocks.json, the fprop rows, divided by k^2) are set beside each block's sums.
 """
@@ -82,8 +84,10 @@ def bench_phase(args, phase: int) -> dict:
     ckpt = bp.checkpoint(phase, args.preset)
     model, _, layers = bp.model_at(ckpt)
     names = list(layers)
-    stats = bp.stats_at(ckpt, draws=2)  # the planner's default draws; LD does not depend on WD's settings
-    ld = {s.name: s.ld("fp4") for s in stats.layers}
+    # the planner's default draws; LD does not depend on WD's settings, nor the curvature and errors on ld_form
+    stats = bp.stats_at(ckpt, draws=2, ld_form="directional")
+    ld = {s.name: s.curvature * s.errors["fp4"]["fprop"] for s in stats.layers}  # isotropic: alignment left out
+    ld_dir = {s.name: s.ld("fp4") for s in stats.layers}
     struct = bp.structured_ld(model, layers, bp.calibration_batch(), args.draws)
     batches = [bp.calibration_batch(FIRST_BATCH_SEED + i) for i in range(args.batches)]
     sets = {n: [n] for n in names}
@@ -92,21 +96,23 @@ def bench_phase(args, phase: int) -> dict:
     sets.update({f"plan:{m}": p["fp4"] for m, p in plans.items()})
     changes = bp.fp4_forward_loss_changes(model, layers, batches, sets)
     measured = {key: dict(zip(("measured", "measured_se"), mean_se(v))) for key, v in changes.items()}
-    layer_rows = [{"layer": n, "block": block_index(n), "ld": ld[n], "ld_struct": struct[n], **measured[n]}
+    layer_rows = [{"layer": n, "block": block_index(n), "ld": ld[n], "ld_dir": ld_dir[n], "ld_struct": struct[n],
+                   **measured[n]}
                   for n in names]
     truths = block_truths(args.preset, phase)
     blocks = []
     for b in sorted({r["block"] for r in layer_rows}):
         rows = [r for r in layer_rows if r["block"] == b]
-        blocks.append({"block": b, **{k: sum(r[k] for r in rows) for k in ("ld", "ld_struct", "measured")},
+        blocks.append({"block": b, **{k: sum(r[k] for r in rows) for k in ("ld", "ld_dir", "ld_struct", "measured")},
                        "trained_truth": truths.get(b)})
     plan_rows = [{"method": m, "fp4_forward_gemms": len(p["fp4"]), "ld": sum(ld[n] for n in p["fp4"]),
-                  "ld_struct": sum(struct[n] for n in p["fp4"]), **measured[f"plan:{m}"], "trained_gap": p["gap"]}
+                  "ld_dir": sum(ld_dir[n] for n in p["fp4"]), "ld_struct": sum(struct[n] for n in p["fp4"]),
+                  **measured[f"plan:{m}"], "trained_gap": p["gap"]}
                  for m, p in sorted(plans.items(), key=lambda kv: (kv[1]["gap"] is None, kv[1]["gap"]))]
     return {"phase": phase, "loss": stats.loss, "layers": layer_rows, "blocks": blocks, "plans": plan_rows,
             **{f"spearman_{k}": bp.spearman([r[k] for r in layer_rows], [r["measured"] for r in layer_rows])
-               for k in ("ld", "ld_struct")},
-            "sum_ld": sum(ld.values()), "sum_ld_struct": sum(struct.values()),
+               for k in ("ld", "ld_dir", "ld_struct")},
+            "sum_ld": sum(ld.values()), "sum_ld_dir": sum(ld_dir.values()), "sum_ld_struct": sum(struct.values()),
             "sum_measured": sum(r["measured"] for r in layer_rows),
             "joint": measured["joint"]["measured"], "joint_se": measured["joint"]["measured_se"]}
 
@@ -114,29 +120,33 @@ def bench_phase(args, phase: int) -> dict:
 def markdown(args, phases: list[dict]) -> str:
     md = [f"Preset {args.preset}; per layer of the planner's candidates, its forward GEMM alone in FP4 (every other "
           f"GEMM bf16): the loss change measured over {args.batches} training batches (mean +- standard error), "
-          "against the planner's LD (isotropic noise, Fisher curvature, 2 draws) and LD_struct (the same Gauss-Newton "
-          f"form along the layer's actual FP4 output error, {args.draws} label draws); all in nats. See the bench's "
-          "docstring for the definitions."]
+          "against the planner's LD (isotropic noise, Fisher curvature, 2 draws), LD_dir (its ld_form \"directional\": "
+          "the Gauss-Newton form along the actual error per position on the sampled rows, the same draws) and LD_struct (that "
+          f"form along the layer's actual FP4 output error over whole sequences, {args.draws} label draws); all in nats. "
+          "See the bench's docstring for the definitions."]
     for ph in phases:
         md += ["", f"## checkpoint {ph['phase']} steps (calibration loss {ph['loss']:.4f})", "",
                f"- Spearman over the {len(ph['layers'])} layers, against the measured change: LD "
-               f"{ph['spearman_ld']:.2f}, LD_struct {ph['spearman_ld_struct']:.2f}.",
-               f"- Sums: LD {ph['sum_ld']:.5f}, LD_struct {ph['sum_ld_struct']:.5f}, measured {ph['sum_measured']:+.5f}; "
+               f"{ph['spearman_ld']:.2f}, LD_dir {ph['spearman_ld_dir']:.2f}, LD_struct {ph['spearman_ld_struct']:.2f}.",
+               f"- Sums: LD {ph['sum_ld']:.5f}, LD_dir {ph['sum_ld_dir']:.5f}, LD_struct {ph['sum_ld_struct']:.5f}, "
+               f"measured {ph['sum_measured']:+.5f}; "
                f"every forward GEMM in FP4 at once {ph['joint']:+.5f} +- {ph['joint_se']:.5f} (additivity: joint "
                "against the sum of the measured).", "",
-               "| block | LD | LD_struct | measured (sum over its layers) | trained truth per unit energy |",
-               "|---|---|---|---|---|"]
-        md += [f"| {b['block']} | {b['ld']:.5f} | {b['ld_struct']:.5f} | {b['measured']:+.5f} | "
+               "| block | LD | LD_dir | LD_struct | measured (sum over its layers) | trained truth per unit energy |",
+               "|---|---|---|---|---|---|"]
+        md += [f"| {b['block']} | {b['ld']:.5f} | {b['ld_dir']:.5f} | {b['ld_struct']:.5f} | {b['measured']:+.5f} | "
                + ("-" if b["trained_truth"] is None else f"{b['trained_truth']:.5f}") + " |" for b in ph["blocks"]]
         if ph["plans"]:
             md += ["", "Each method's first plan at seed 0 (`--plans`), its FP4 forward GEMMs at once:", "",
-                   "| method | FP4 forward GEMMs | LD | LD_struct | measured at once | trained gap to bf16 (mean over seeds) |",
-                   "|---|---|---|---|---|---|"]
-            md += [f"| {p['method']} | {p['fp4_forward_gemms']} | {p['ld']:.5f} | {p['ld_struct']:.5f} | "
+                   "| method | FP4 forward GEMMs | LD | LD_dir | LD_struct | measured at once | trained gap to bf16 "
+                   "(mean over seeds) |",
+                   "|---|---|---|---|---|---|---|"]
+            md += [f"| {p['method']} | {p['fp4_forward_gemms']} | {p['ld']:.5f} | {p['ld_dir']:.5f} | {p['ld_struct']:.5f} | "
                    f"{p['measured']:+.5f} +- {p['measured_se']:.5f} | "
                    + ("-" if p["trained_gap"] is None else f"{p['trained_gap']:+.4f}") + " |" for p in ph["plans"]]
-        md += ["", "| layer | LD | LD_struct | measured |", "|---|---|---|---|"]
-        md += [f"| {r['layer']} | {r['ld']:.6f} | {r['ld_struct']:.6f} | {r['measured']:+.6f} +- {r['measured_se']:.6f} |"
+        md += ["", "| layer | LD | LD_dir | LD_struct | measured |", "|---|---|---|---|---|"]
+        md += [f"| {r['layer']} | {r['ld']:.6f} | {r['ld_dir']:.6f} | {r['ld_struct']:.6f} | {r['measured']:+.6f} +- "
+               f"{r['measured_se']:.6f} |"
                for r in ph["layers"]]
     return "\n".join(md)
 

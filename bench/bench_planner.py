@@ -188,11 +188,12 @@ def calibration_batch(seed: int = 7) -> torch.Tensor:
 
 
 def stats_at(ckpt: dict, draws: int, candidates=("fp8", "fp4"), method: str = "auto",
-             wd_units: str = "loss", wd_horizon: int | None = None, calibration_seed: int = 7) -> PlannerStats:
+             wd_units: str = "loss", wd_horizon: int | None = None, calibration_seed: int = 7,
+             ld_form: str = "isotropic") -> PlannerStats:
     """The planner's statistics at the checkpoint, as SnipPlanner measures them (the Fisher curvature from
     the logits unless `method` says otherwise)."""
     model, opt, layers = model_at(ckpt)
-    config = DivergenceConfig(draws=draws, method=method, wd_units=wd_units, wd_horizon=wd_horizon,
+    config = DivergenceConfig(draws=draws, method=method, wd_units=wd_units, wd_horizon=wd_horizon, ld_form=ld_form,
                               wgrad_signal_share=wd_units == "loss")  # the share scales an excess loss only
     return measure(model, layers, opt, calibration_batch(calibration_seed), lambda m, b: m.loss(b), candidates,
                    StatsConfig(), config, logits_fn=lm_logits)
@@ -236,12 +237,13 @@ def step_time(model, opt, batch, reps: int = 5) -> float:
 def measurement_cost(model, opt, layers, batch, reps: int) -> dict:
     """One training step (bf16) against one planner measurement at the planner's default settings (Fisher
     curvature from the logits, 2 draws, WD over the default re-plan interval; with the default ILP solve
-    after it, a whole re-plan) and with the batched Hessian curvature (the horizon's diagonal then from a
-    half-batch gradient), interleaved `reps` times: the fastest of each (the machine is shared;
-    interleaving exposes all of them to the same load)."""
+    after it, a whole re-plan), with the directional LD and with the batched Hessian curvature (the horizon's
+    diagonal then from a half-batch gradient), interleaved `reps` times: the fastest of each (the machine is
+    shared; interleaving exposes all of them to the same load)."""
     planner = PlannerConfig()
     default = planner.divergence_config
-    configs = {"default": default, "batched_hessian": dataclasses.replace(default, method="batched")}
+    configs = {"default": default, "directional_ld": dataclasses.replace(default, ld_form="directional"),
+               "batched_hessian": dataclasses.replace(default, method="batched")}
     times = {"bf16_step_s": [], **{f"measure_{k}_s": [] for k in configs}, "solve_default_s": []}
     breakdown = {}
     for _ in range(reps):
@@ -320,13 +322,17 @@ def measurement_markdown(timing: dict, provenance: str) -> list[str]:
     md = ["", "## Measurement vs one training step (batch 8 x 128, CPU, 1 thread; fastest of interleaved repeats, "
           "since the machine may be shared)" + provenance, "",
           "| preset | parameters | bf16 step s | measurement s (default: Fisher) | ratio | + ILP solve s | re-plan "
-          "ratio | measurement s (batched Hessian) | ratio |", "|---|---|---|---|---|---|---|---|---|"]
+          "ratio | measurement s (directional LD) | ratio | measurement s (batched Hessian) | ratio |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for preset, t in timing.items():
         if not isinstance(t, dict) or "solve_default_s" not in t:  # an earlier layout of this file
             continue
         md.append(f"| {preset} | {t['params'] / 1e6:.2f}M | {t['bf16_step_s']:.3f} | {t['measure_default_s']:.3f} | "
                   f"{t['measure_default_over_bf16_step']:.2f}x | {t['solve_default_s']:.3f} | "
-                  f"{t['replan_default_over_bf16_step']:.2f}x | {t['measure_batched_hessian_s']:.3f} | "
+                  f"{t['replan_default_over_bf16_step']:.2f}x | "
+                  + (f"{t['measure_directional_ld_s']:.3f} | {t['measure_directional_ld_over_bf16_step']:.2f}x | "
+                     if "measure_directional_ld_s" in t else "- | - | ")
+                  + f"{t['measure_batched_hessian_s']:.3f} | "
                   f"{t['measure_batched_hessian_over_bf16_step']:.2f}x |")
     return md + ["", "```", json.dumps(timing, indent=1), "```"]
 
@@ -878,17 +884,20 @@ def bench_staleness(args) -> None:
 HEURISTICS = ("uniform_fp4", "first_last", "layer_type", "min_rel_error", "min_abs_error", "random")
 # SNIP as the paper has it (WD settled), its two terms alone and a smaller weight of WD (the ablation), as
 # PlannerConfig fields; snip_horizon: WD as the excess loss within one re-plan interval; snip_signal: that with
-# wgrad's WD times Adam's signal share (divergence.py, "Adam's signal share"). The planner's defaults are
-# snip_signal_gemm; snip_signal_gemm and snip_lrs_gemm are planned as `snip train` plans, along the run's learning
-# rates. Every variant but snip_signal prices wgrad without the signal share, as the planner did before it.
+# wgrad's WD times Adam's signal share (divergence.py, "Adam's signal share"); snip_dir: that with the directional LD
+# (divergence.py, "Directional LD"). The planner's defaults are snip_signal_gemm; snip_signal_gemm and snip_lrs_gemm
+# are planned as `snip train` plans, along the run's learning rates. Every variant but snip_signal and the ones built
+# on it prices wgrad without the signal share, as the planner did before it.
 WITHOUT_SIGNAL_SHARE = {"divergence": DivergenceConfig(wgrad_signal_share=False)}
 SNIP_VARIANTS = {"snip": WITHOUT_SIGNAL_SHARE, "snip_ld": {"terms": "ld", **WITHOUT_SIGNAL_SHARE},
                  "snip_wd": {"terms": "wd", **WITHOUT_SIGNAL_SHARE}, "snip_lam0.1": {"lam": 0.1, **WITHOUT_SIGNAL_SHARE},
                  **{m: {"wd_horizon": "interval", **WITHOUT_SIGNAL_SHARE}
                     for m in ("snip_horizon", "snip_lrs", "snip_cal", "snip_oracle")},
-                 **{m: {"wd_horizon": "interval"} for m in ("snip_signal", "snip_trend", "snip_share", "snip_struct")}}
+                 **{m: {"wd_horizon": "interval"} for m in ("snip_signal", "snip_trend", "snip_share", "snip_struct")},
+                 "snip_dir": {"wd_horizon": "interval", "divergence": DivergenceConfig(ld_form="directional")}}
 # SNIP variants whose WD horizon follows the branch's learning-rate decay (SnipPlanner's lr_schedule)
-LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle", "snip_signal", "snip_trend", "snip_share", "snip_struct")
+LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle", "snip_signal", "snip_trend", "snip_share", "snip_struct",
+                "snip_dir")
 # snip_cal: snip_lrs with each backward GEMM's WD times the loss it measurably costs per unit of predicted WD,
 # relative to LD's (bench scale, bench/results/cpu-planner-scale.md: the geometric mean over the three checkpoints
 # of (measured / predicted for the GEMM) / (measured / predicted for fprop) is 1.61-1.68 for dgrad and 0.13-0.16
@@ -907,9 +916,10 @@ FORESIGHT_BATCHES, FORESIGHT_DRAWS = (7, 8), 8
 # as small a part of it as the gradient's mean is of the gradient, which the planner's default (wgrad only) does not
 # assume
 # snip_struct: snip_signal whose LD prices each layer's forward error along its actual FP4 output error instead of as
-# isotropic noise: at every re-plan each layer's curvature times structured_ld / LD in FP4 on the calibration batch.
-# The FP4 forward's error is mostly the weight's rounding, shared by every token; its Gauss-Newton form is 1.2-4x LD and
-# matches the measured immediate cost of every forward GEMM in FP4 at once (bench_forward_error.py)
+# isotropic noise: at every re-plan each layer's curvature times structured_ld / LD in FP4 on the calibration batch,
+# the whole Gauss-Newton form with its cross terms between positions (2 draws; snip_dir estimates it without them,
+# on the statistics pass's rows). It is 1.2-4x the isotropic LD and matches the measured immediate cost of every
+# forward GEMM in FP4 at once (bench_forward_error.py)
 # snip_trend: snip_signal whose LD prices each layer's curvature over the plan's life instead of at its start: with
 # g the layer's curvature growth over one interval, extrapolated from the previous measurement, the mean over the
 # interval of a geometric growth, (g - 1) / ln g. The first plan of a branch reads its growth from the curvature
@@ -1350,8 +1360,10 @@ def bench_quality(args) -> None:
           "snip_signal with dgrad's WD times the same share (its error, linear in dy, treated as noise that Adam's v "
           "absorbs like wgrad's); snip_struct: snip_signal with each layer's LD along its actual FP4 forward error "
           "(the Gauss-Newton form 1/2 e^T G e from the Fisher draws, per sequence; LD prices it as isotropic noise of "
-          "the same energy) at every re-plan, as its curvature times that over LD in FP4; "
-          f"*{GEMM_SUFFIX}: one precision per GEMM (forward, dgrad, wgrad) instead of per layer; the planner's "
+          "the same energy) at every re-plan, as its curvature times that over LD in FP4; snip_dir: snip_signal with "
+          "the directional LD (the same form per position, on the statistics pass's sampled rows, for every "
+          "precision: divergence.py, \"Directional LD\"); every other variant prices the forward error as isotropic "
+          f"noise; *{GEMM_SUFFIX}: one precision per GEMM (forward, dgrad, wgrad) instead of per layer; the planner's "
           f"defaults are snip_signal{GEMM_SUFFIX}, as snip train plans; *{DRIFT_SUFFIX}: re-plans spaced by the drift trigger (regret "
           f"threshold {DRIFT:g}, from {drift_schedule(args.interval).min_interval} up to {args.interval} steps apart) "
           "instead of every interval. Above FP4: of the GEMMs a method's plans keep above FP4 (every re-plan, every "

@@ -37,7 +37,7 @@ from snip_ops.quantize import fake_quantize
 
 from .stats import LayerRecording
 
-__all__ = ["relative_error", "gemm_errors"]
+__all__ = ["relative_error", "gemm_outputs", "relative_errors", "gemm_errors"]
 
 
 def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
@@ -71,27 +71,45 @@ def _emulated_gemms(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, r, seed:
     }
 
 
-def gemm_errors(rec: LayerRecording, candidates: Iterable[str], seed: int = 0) -> dict[str, dict[str, float]]:
-    """{precision: {"fprop": e_fwd, "dgrad": e_dgrad, "wgrad": e_wgrad}} for one recorded layer, from the
-    GEMM kernels where `snip_ops.gemm` would run them on a GPU, else from the emulated GEMMs (on the
-    CPU `snip_ops.gemm` multiplies in FP32 as they do, and they save one weight quantization)."""
+def gemm_outputs(rec: LayerRecording, candidates: Iterable[str], seed: int = 0
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    """(the exact GEMMs {gemm: output}, {precision: {gemm: output}} as `snip_ops.gemm` computes them) on the
+    recorded operands: from the GEMM kernels where `snip_ops.gemm` would run them on a GPU, else from the emulated
+    GEMMs (on the CPU `snip_ops.gemm` multiplies in FP32 as they do, and they save one weight quantization).
+    bf16 has no entry: it is the reference."""
     x, dy, w = rec.x, rec.dy, rec.weight.float()
     mm = gemm.fp32_mm
     exact = {"fprop": mm(x, w.t()), "dgrad": mm(dy, w), "wgrad": mm(dy.t(), x)}
-    out = {}
+    approx = {}
     for name in candidates:
         r = recipe(name)
         if r.is_bf16:
-            out[name] = {g: 0.0 for g in GEMMS}
             continue
         if x.is_cuda and gemm.uses_kernels(x, r):
-            approx = {"fprop": gemm.fprop(x, w, r, seed=seed), "dgrad": gemm.dgrad(dy, w, r, seed=seed),
-                      "wgrad": gemm.wgrad(dy, x, r, seed=seed)}
+            approx[name] = {"fprop": gemm.fprop(x, w, r, seed=seed), "dgrad": gemm.dgrad(dy, w, r, seed=seed),
+                            "wgrad": gemm.wgrad(dy, x, r, seed=seed)}
         else:
-            approx = _emulated_gemms(x, dy, w, r, seed)
-        out[name] = {g: relative_error(approx[g], exact[g]) for g in ("fprop", "dgrad")}
-        out[name]["wgrad"] = _batch_wgrad_error(approx["wgrad"], exact["wgrad"], rec)
+            approx[name] = _emulated_gemms(x, dy, w, r, seed)
+    return exact, approx
+
+
+def relative_errors(rec: LayerRecording, candidates: Iterable[str], exact: dict[str, torch.Tensor],
+                    approx: dict[str, dict[str, torch.Tensor]]) -> dict[str, dict[str, float]]:
+    """{precision: {"fprop": e_fwd, "dgrad": e_dgrad, "wgrad": e_wgrad}} from `gemm_outputs`' GEMMs (bf16: 0)."""
+    out = {}
+    for name in candidates:
+        if name not in approx:
+            out[name] = {g: 0.0 for g in GEMMS}
+            continue
+        out[name] = {g: relative_error(approx[name][g], exact[g]) for g in ("fprop", "dgrad")}
+        out[name]["wgrad"] = _batch_wgrad_error(approx[name]["wgrad"], exact["wgrad"], rec)
     return out
+
+
+def gemm_errors(rec: LayerRecording, candidates: Iterable[str], seed: int = 0) -> dict[str, dict[str, float]]:
+    """{precision: {"fprop": e_fwd, "dgrad": e_dgrad, "wgrad": e_wgrad}} for one recorded layer."""
+    candidates = tuple(candidates)
+    return relative_errors(rec, candidates, *gemm_outputs(rec, candidates, seed))
 
 
 def _batch_wgrad_error(approx: torch.Tensor, exact: torch.Tensor, rec: LayerRecording) -> float:

@@ -385,18 +385,21 @@ class LayerStats:
     s_dgrad: float          # WD per unit relative dgrad noise energy (§4.4; units: PlannerStats.wd_units)
     s_wgrad: float          # same for wgrad noise
     errors: Mapping[str, Mapping[str, float]]  # precision -> GEMM -> relative squared error (§4.2)
+    # precision -> the forward error's directional LD over h_l e_fwd (divergence.py, "Directional LD"); 1 if absent
+    fprop_alignment: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.shape.name
 
     def ld(self, precision: str) -> float:
-        """LD(l, p) = h_l e_fwd(l, p), the expected loss increase from quantizing the forward GEMM.
+        """LD(l, p) = h_l e_fwd(l, p) a(l, p), the expected loss increase from quantizing the forward GEMM, a the
+        error's alignment with the curvature (1: isotropic noise of the error's energy).
 
         A negative measured curvature (seen near initialisation) would make noise look beneficial;
         quantization is never rewarded, so h_l is floored at 0 here (the raw value stays in `curvature`).
         """
-        return max(self.curvature, 0.0) * self.errors[precision]["fprop"]
+        return max(self.curvature, 0.0) * self.errors[precision]["fprop"] * self.fprop_alignment.get(precision, 1.0)
 
     def wd(self, precision: str, gemm: str | None = None) -> float:
         """WD(l, p) = s_dgrad e_dgrad + s_wgrad e_wgrad (or one term, for `gemm` "dgrad" / "wgrad")."""
@@ -408,6 +411,7 @@ class LayerStats:
         out = asdict(self)
         out["shape"] = asdict(self.shape)
         out["errors"] = {p: dict(e) for p, e in self.errors.items()}
+        out["fprop_alignment"] = dict(self.fprop_alignment)
         return out
 
     @classmethod
@@ -415,6 +419,7 @@ class LayerStats:
         fields = dict(obj)
         fields["shape"] = LayerShape(**obj["shape"])
         fields["errors"] = {p: {g: float(e[g]) for g in GEMMS} for p, e in obj["errors"].items()}
+        fields["fprop_alignment"] = {p: float(a) for p, a in obj.get("fprop_alignment", {}).items()}
         return cls(**fields)
 
 
@@ -445,17 +450,19 @@ class PlannerStats:
         return set.intersection(*sets) if sets else set()
 
     def to_vector(self) -> list[float]:
-        """The loss and every per-layer number (the scalar fields, then the errors, precisions in sorted
-        order), flat: what averaging over batches or data-parallel ranks averages (`with_vector`)."""
+        """The loss and every per-layer number (the scalar fields, the errors, then the alignments, precisions in
+        sorted order), flat: what averaging over batches or data-parallel ranks averages (`with_vector`)."""
         flat = [self.loss]
         for s in self.layers:
             flat += [getattr(s, f) for f in LAYER_NUMBERS]
             flat += [s.errors[p][g] for p in sorted(s.errors) for g in GEMMS]
+            flat += [s.fprop_alignment[p] for p in sorted(s.fprop_alignment)]
         return flat
 
     def with_vector(self, values: Sequence[float]) -> "PlannerStats":
         """These statistics with the numbers of `values` (laid out as `to_vector` lays them out)."""
-        expected = 1 + sum(len(LAYER_NUMBERS) + len(s.errors) * len(GEMMS) for s in self.layers)
+        expected = 1 + sum(len(LAYER_NUMBERS) + len(s.errors) * len(GEMMS) + len(s.fprop_alignment)
+                           for s in self.layers)
         if len(values) != expected:
             raise ValueError(f"expected {expected} numbers for these statistics, got {len(values)}")
         loss, pos, layers = float(values[0]), 1, []
@@ -466,7 +473,9 @@ class PlannerStats:
             for p in sorted(s.errors):
                 errors[p] = {g: float(v) for g, v in zip(GEMMS, values[pos:pos + len(GEMMS)])}
                 pos += len(GEMMS)
-            layers.append(replace(s, errors=errors, **nums))
+            alignment = {p: float(v) for p, v in zip(sorted(s.fprop_alignment), values[pos:])}
+            pos += len(alignment)
+            layers.append(replace(s, errors=errors, fprop_alignment=alignment, **nums))
         return replace(self, layers=tuple(layers), loss=loss)
 
     def to_json(self) -> dict:
@@ -487,9 +496,9 @@ def mean_stats(stats: Sequence[PlannerStats]) -> PlannerStats:
     if not stats:
         raise ValueError("no statistics to average")
     first = stats[0]
-    key = [(s.shape, sorted(s.errors)) for s in first.layers]
+    key = [(s.shape, sorted(s.errors), sorted(s.fprop_alignment)) for s in first.layers]
     for other in stats[1:]:
-        if [(s.shape, sorted(s.errors)) for s in other.layers] != key or other.wd_units != first.wd_units:
+        if [(s.shape, sorted(s.errors), sorted(s.fprop_alignment)) for s in other.layers] != key or other.wd_units != first.wd_units:
             raise ValueError("the statistics to average measure different layers, shapes, candidates or units")
     mean = [math.fsum(column) / len(stats) for column in zip(*(s.to_vector() for s in stats))]
     diagnostics = {k: math.fsum(s.diagnostics[k] for s in stats) / len(stats) for k in first.diagnostics

@@ -29,6 +29,7 @@ def test_planner_cost(tmp_path):
     tiny = json.loads((tmp_path / "cpu-planner-cost.json").read_text())["measurement"]["tiny"]
     assert tiny["replan_default_over_bf16_step"] > tiny["measure_default_over_bf16_step"] > 0
     assert "time_gradient_variance_s" in tiny["breakdown_of_the_last_repeat"]["batched_hessian"]
+    assert tiny["measure_directional_ld_over_bf16_step"] > 0
     assert "re-plan ratio" in (tmp_path / "cpu-planner-cost.md").read_text()
 
 
