@@ -105,11 +105,10 @@ weight operand's quantization error, the same at every step, a bias that Adam do
 estimate needs the batch's sequences as the leading dimension of every planned layer's input and sequences
 that do not interact (no batch normalisation); without that layout WD keeps its price and a warning says so.
 
-Cost (D = draws): "fisher" D backwards for LD (and the Gauss-Newton diagonal; the directional LD adds dot products
-on the sampled rows) through the statistics pass's
-forward where the loss calls the model on lm_logits' inputs (the default loss of a causal LM), 1 forward more
-otherwise; "batched" 2D forward+backward passes; D forwards for WD; plus the statistics pass and the quantization
-errors. The signal share costs one more weight-gradient GEMM per layer in the statistics pass (or the two T x T Gram
+Cost (D = draws): "fisher" D backwards for LD (and the Gauss-Newton diagonal) through the statistics pass's forward
+where the loss calls the model on lm_logits' inputs (the default loss of a causal LM), 1 forward more otherwise; the
+directional LD adds dot products on the sampled rows; "batched" 2D forward+backward passes; D forwards for WD; plus
+the statistics pass and the quantization errors. The signal share costs one more weight-gradient GEMM per layer in the statistics pass (or the two T x T Gram
 products per sequence, when cheaper). Extra memory: the graph of one forward (fisher) or the noise of every
 layer output (batched) during LD, two parameter-sized copies (theta and the direction) during WD, and one (the
 diagonal) with wd_horizon; the statistics pass holds every layer's input to its backward for the signal share.
