@@ -26,6 +26,7 @@ once or only through training. On the tiny preset, the per-block training truths
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -86,7 +87,7 @@ def bench_phase(args, phase: int) -> dict:
     names = list(layers)
     # the planner's default draws; LD does not depend on WD's settings, nor the curvature and errors on ld_form
     stats = bp.stats_at(ckpt, draws=2, ld_form="directional")
-    ld = {s.name: s.curvature * s.errors["fp4"]["fprop"] for s in stats.layers}  # isotropic: alignment left out
+    ld = {s.name: dataclasses.replace(s, fprop_alignment={}).ld("fp4") for s in stats.layers}  # isotropic
     ld_dir = {s.name: s.ld("fp4") for s in stats.layers}
     struct = bp.structured_ld(model, layers, bp.calibration_batch(), args.draws)
     batches = [bp.calibration_batch(FIRST_BATCH_SEED + i) for i in range(args.batches)]

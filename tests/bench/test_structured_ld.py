@@ -1,6 +1,6 @@
 """bench_planner.py's structured_ld: the Gauss-Newton form of LD along a layer's actual FP4 forward error, estimated
 from sampled-label cotangents summed per sequence, is unbiased for 1/2 e^T G e computed exactly from the logits'
-change along e; measuring it leaves the plan and the SR counters as they were; StructuredLD (snip_struct) makes the
+change along e (tests/gauss_newton.py); measuring it leaves the plan and the SR counters as they were; StructuredLD (snip_struct) makes the
 planner solve with every layer's curvature times structured_ld / LD in FP4."""
 
 import sys
@@ -13,6 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import bench_planner  # noqa: E402
+from gauss_newton import gauss_newton_along  # noqa: E402
 from bench_planner import StructuredLD, fp4_output_errors, structured_ld  # noqa: E402
 from planner.cost import LayerShape  # noqa: E402
 from planner.stats import LayerStats, PlannerStats  # noqa: E402
@@ -30,32 +31,13 @@ def _model_and_batch(sequences: int = 4, length: int = 16):
     return model, layers, batch
 
 
-def _exact_gauss_newton(model, layer, error, batch) -> float:
-    """1/2 e^T G e of the mean cross-entropy: (1/2N) sum_t dz_t^T (diag(p_t) - p_t p_t^T) dz_t, dz = J e the logits'
-    change along e (central difference, step 1e-2 of e: its O(step^2) error is far below the test's tolerance)."""
-    step = 1e-2
-
-    def logits_with(sign: float) -> torch.Tensor:
-        handle = layer.register_forward_hook(lambda mod, args, y: y + sign * step * error.to(y.dtype))
-        try:
-            with torch.no_grad():
-                return model(batch[:, :-1]).double()
-        finally:
-            handle.remove()
-    dz = ((logits_with(1.0) - logits_with(-1.0)) / (2 * step)).reshape(-1, 256)
-    with torch.no_grad():
-        p = model(batch[:, :-1]).double().reshape(-1, 256).softmax(-1)
-    quad = (p * dz.pow(2)).sum(-1) - (p * dz).sum(-1).pow(2)
-    return float(quad.sum()) / (2 * dz.shape[0])
-
-
 def test_structured_ld_is_unbiased_for_the_gauss_newton_form_along_the_actual_error():
     model, layers, batch = _model_and_batch()
     draws = 400
     got = structured_ld(model, layers, batch, draws)
     _, _, errors = fp4_output_errors(model, layers, batch)
     for name in ("model.layers.0.self_attn.v_proj", "model.layers.1.mlp.down_proj"):
-        want = _exact_gauss_newton(model, layers[name], errors[name], batch)
+        want = gauss_newton_along(model, layers[name], errors[name], batch)
         assert want > 0
         # one draw sums 4 independent per-sequence squares of roughly Gaussian terms: relative SD about
         # sqrt(2 / 4) = 0.7, so 0.035 over 400 draws; 0.2 is more than 5 standard errors

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from causal_lm import CausalLM
+from gauss_newton import gauss_newton_along
 from planner.divergence import DivergenceConfig, lm_logits, measure
 from planner.stats import StatsConfig
 from snip_ops import LinearPrecision, SnipLinear, convert
@@ -52,28 +53,13 @@ def _forward_error(model, layer, batch, precision: str) -> torch.Tensor:
 
 
 def _per_position_gauss_newton(model, layer, error, batch) -> float:
-    """sum_t 1/2 e_t^T G e_t, e_t the error at position t alone: for each t, (1/2N) sum_t' dz_t'^T (diag(p_t') -
-    p_t' p_t'^T) dz_t' with dz the logits' change along e_t (central difference in float64, step 1e-2 of e)."""
-    step = 1e-2
-    with torch.no_grad():
-        p = model(batch[:, :-1]).double().reshape(-1, VOCAB).softmax(-1)
-    total = 0.0
+    """sum_t 1/2 e_t^T G e_t, e_t the error at position t alone (the rest zero)."""
     flat = error.reshape(-1, error.shape[-1])
+    total = 0.0
     for t in range(flat.shape[0]):
         only_t = torch.zeros_like(flat)
         only_t[t] = flat[t]
-        only_t = only_t.reshape(error.shape)
-
-        def logits_with(sign: float) -> torch.Tensor:
-            handle = layer.register_forward_hook(lambda mod, args, y: y + sign * step * only_t.to(y.dtype))
-            try:
-                with torch.no_grad():
-                    return model(batch[:, :-1]).double()
-            finally:
-                handle.remove()
-        dz = ((logits_with(1.0) - logits_with(-1.0)) / (2 * step)).reshape(-1, VOCAB)
-        quad = (p * dz.pow(2)).sum(-1) - (p * dz).sum(-1).pow(2)
-        total += float(quad.sum()) / (2 * dz.shape[0])
+        total += gauss_newton_along(model, layer, only_t.reshape(error.shape), batch)
     return total
 
 
