@@ -4,6 +4,7 @@ cuBLAS/CUTLASS), on the shapes of Llama training, for the three GEMMs of a linea
     python bench/bench_gemm.py                 # full run, writes bench/results/<device>-gemm.json
     python bench/bench_gemm.py --quick         # 4096^3 and one Llama shape
     python bench/bench_gemm.py --configs       # also every compiled Hopper tile configuration
+    python bench/bench_gemm.py --smoke --out X # seconds on the CPU: the code runs, nothing is measured
 
 Shapes: M = N = K = 4096 and 8192, and Llama-7B/70B layers with M = 8192 tokens and (N, K) in
 {(4096, 4096), (11008, 4096), (4096, 11008), (8192, 8192), (28672, 8192), (8192, 28672)}; for a layer
@@ -39,8 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cuda_timer import CudaTimer  # noqa: E402
-from gpu_bench import timing_parser, write_device_result  # noqa: E402
+from gpu_bench import device_and_timer, timing_parser, write_device_result  # noqa: E402
 from snip_ops import _ext, gemm_kernels as gk  # noqa: E402
 from snip_ops.formats import recipe  # noqa: E402
 from snip_ops.quantize import quantize  # noqa: E402
@@ -53,8 +53,13 @@ TARGET_BF16_LLAMA = 1.4
 TARGET_SCALED_MM = 0.9
 
 
-def layers(quick: bool):
+SMOKE_LAYER = ("smoke", 256, 128, 384)
+
+
+def layers(quick: bool, smoke: bool = False):
     """(label, M, N, K) of the benchmarked linear layers."""
+    if smoke:
+        return [SMOKE_LAYER]
     out = [(f"square{s}", s, s, s) for s in (SQUARE[:1] if quick else SQUARE)]
     nks = LLAMA_NK[:1] if quick else LLAMA_NK
     out += [(f"llama_N{n}_K{k}", LLAMA_TOKENS, n, k) for n, k in nks]
@@ -65,28 +70,30 @@ def gemm_dims(gemm: str, M: int, N: int, K: int) -> tuple[int, int, int]:
     return {"fprop": (M, N, K), "dgrad": (M, K, N), "wgrad": (N, K, M)}[gemm]
 
 
-def operands(gemm: str, m: int, n: int, k: int, name: str):
+def operands(gemm: str, m: int, n: int, k: int, name: str, device: torch.device):
     """Quantized (a, b) of the GEMM, laid out as the linear layer produces them (DESIGN.md §3)."""
     r = recipe(name)
-    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{gemm}{m},{n},{k}".encode()))
+    g = torch.Generator(device=device).manual_seed(zlib.crc32(f"{gemm}{m},{n},{k}".encode()))
     if gemm == "wgrad":  # a = dy^T, b = x^T, 1x128 blocks along the token dimension k
-        dy, x = (torch.randn(k, d, device="cuda", generator=g, dtype=torch.bfloat16) for d in (m, n))
+        dy, x = (torch.randn(k, d, device=device, generator=g, dtype=torch.bfloat16) for d in (m, n))
         return quantize(dy, r.grad, transpose=True), quantize(x, r.act, transpose=True)
     act = r.act if gemm == "fprop" else r.grad
-    a = quantize(torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16), act)
+    a = quantize(torch.randn(m, k, device=device, generator=g, dtype=torch.bfloat16), act)
     if gemm == "fprop":
-        b = quantize(torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16), r.weight)
+        b = quantize(torch.randn(n, k, device=device, generator=g, dtype=torch.bfloat16), r.weight)
     else:  # dgrad: b = w^T, w [k, n] with 128x128 blocks (or 1-D blocks along n for MX/NV formats)
-        w = torch.randn(k, n, device="cuda", generator=g, dtype=torch.bfloat16)
+        w = torch.randn(k, n, device=device, generator=g, dtype=torch.bfloat16)
         b = quantize(w, r.weight).t() if r.weight.block == (128, 128) else quantize(w, r.weight, transpose=True)
     return a, b
 
 
 def scaled_mm_baselines(a, b, m, n, k) -> dict[str, callable]:
-    """torch._scaled_mm on the same FP8 codes: row-wise, tensor-wise, and block-wise scales."""
-    ca, cb = gk._e4m3_codes(a), gk._e4m3_codes(b)  # [m, k], [n, k]; b.t() is column-major as cuBLAS wants
-    ones_a, ones_b = torch.ones(m, 1, device="cuda"), torch.ones(1, n, device="cuda")
-    one = torch.ones((), device="cuda")
+    """torch._scaled_mm on the same FP8 codes: row-wise, tensor-wise, and block-wise scales where
+    this torch supports them on the operands' device."""
+    device = a.codes.device
+    ca, cb = gk._fp8_codes(a), gk._fp8_codes(b)  # [m, k], [n, k]; b.t() is column-major as cuBLAS wants
+    ones_a, ones_b = torch.ones(m, 1, device=device), torch.ones(1, n, device=device)
+    one = torch.ones((), device=device)
     out = {
         "scaled_mm_rowwise": lambda: torch._scaled_mm(ca, cb.t(), ones_a, ones_b, out_dtype=torch.bfloat16),
         "scaled_mm_tensorwise": lambda: torch._scaled_mm(ca, cb.t(), one, one, out_dtype=torch.bfloat16),
@@ -99,7 +106,8 @@ def scaled_mm_baselines(a, b, m, n, k) -> dict[str, callable]:
         fn = (lambda x=sa_l, y=sb_l: torch._scaled_mm(ca, cb.t(), x, y, out_dtype=torch.bfloat16))
         try:
             fn()
-            torch.cuda.synchronize()
+            if device.type == "cuda":
+                torch.cuda.synchronize()  # a launch error surfaces here, inside the try
             out["scaled_mm_blockwise"] = fn
             break
         except (RuntimeError, ValueError):
@@ -112,20 +120,17 @@ def tflops(m, n, k, ms):
 
 
 def run(args) -> dict:
-    if not torch.cuda.is_available():
-        sys.exit("bench_gemm: needs a CUDA GPU")
-    arch = torch.cuda.get_device_capability()
-    device = torch.cuda.get_device_name()
-    seconds = CudaTimer(args.warmup, args.iters)
+    dev, device, seconds = device_and_timer(args, "bench_gemm")
+    arch = torch.cuda.get_device_capability() if dev.type == "cuda" else (0, 0)
 
     def timer(fn) -> float:  # milliseconds
         return seconds(fn) * 1e3
     sm90 = arch == (9, 0) and _ext.kernel_available("fp8_gemm_nt_blockwise", "cuda")
     sm100 = arch == (10, 0) and _ext.kernel_available("nvfp4_gemm_nt", "cuda")
-    if not (sm90 or sm100):
+    if not (sm90 or sm100 or args.smoke):
         print(f"bench_gemm: no snip GEMM kernel for {device} (sm_{arch[0]}{arch[1]}); timing baselines only", file=sys.stderr)
     entries, baselines, configs = [], [], []
-    for label, M, N, K in layers(args.quick):
+    for label, M, N, K in layers(args.quick, args.smoke):
         for g in ("fprop", "dgrad", "wgrad"):
             m, n, k = gemm_dims(g, M, N, K)
             row = dict(shape=label, gemm=g, m=m, n=n, k=k)
@@ -134,13 +139,13 @@ def run(args) -> dict:
                 target.append(dict(row, format=fmt, ms=ms, time=ms * 1e-3, tflops=tflops(m, n, k, ms), impl=impl))
                 print(f"{label:>20} {g:5} m={m:5} n={n:5} k={k:5} {fmt:26} {ms:8.3f} ms {tflops(m, n, k, ms):7.1f} TFLOPS", flush=True)
 
-            gen = torch.Generator(device="cuda").manual_seed(0)
-            xa = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-            xb = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+            gen = torch.Generator(device=dev).manual_seed(0)
+            xa = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=gen)
+            xb = torch.randn(n, k, device=dev, dtype=torch.bfloat16, generator=gen)
             add(entries, "bf16", timer(lambda: torch.matmul(xa, xb.t())), "torch.matmul bf16 (cuBLAS)")
             del xa, xb
 
-            a, b = operands(g, m, n, k, "fp8")
+            a, b = operands(g, m, n, k, "fp8", dev)
             for name, fn in scaled_mm_baselines(a, b, m, n, k).items():
                 add(baselines, name, timer(fn), "torch._scaled_mm, BF16 out, use_fast_accum=False")
             if sm90:
@@ -157,23 +162,25 @@ def run(args) -> dict:
                     for cfg in [t + extra for t in tiles for extra in ("", ",swizzle=2", ",raster=m", ",raster=n")]:
                         add(configs, f"fp8[{cfg}]", timer(lambda c=cfg: op(ca, sfa, cb, sfb, bb, out_dtype, None, c)), cfg)
                 del ca, sfa, cb, sfb
-                a4, b4 = operands(g, m, n, k, "fp4")
+                a4, b4 = operands(g, m, n, k, "fp4", dev)
                 add(entries, "fp4", timer(lambda: gk.qgemm(a4, b4, out_dtype=out_dtype, path="sm90_fp4")),
                     "snip sm90_fp4: E2M1 -> E4M3 re-encoding + scale conversion + FP8 kernel")
                 del a4, b4
             if sm100:
                 for kind in ("nvfp4", "mxfp4", "mxfp8"):
-                    ka, kb_ = operands(g, m, n, k, kind)
+                    ka, kb_ = operands(g, m, n, k, kind, dev)
                     ca, sfa, cb, sfb, alpha, _ = gk.prepare_sm100(kind, ka, kb_)
                     op = getattr(torch.ops.snip_C, f"{kind}_gemm_nt")
                     fn = (lambda: op(ca, sfa, cb, sfb, alpha)) if kind == "nvfp4" else (lambda: op(ca, sfa, cb, sfb))
                     add(entries, kind, timer(fn), f"snip CUTLASS sm100 {kind}")
             del a, b
-            torch.cuda.empty_cache()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
     return dict(
-        device=device, capability=f"sm_{arch[0]}{arch[1]}", unit="s", torch=torch.__version__,
-        cuda=torch.version.cuda, build=_ext.build_info().get("built_with"),
-        method=f"CUDA events, L2 flushed before each call, median of {args.iters} after {args.warmup} warm-up calls",
+        device=device, capability=f"sm_{arch[0]}{arch[1]}" if dev.type == "cuda" else None, unit="s",
+        torch=torch.__version__, cuda=torch.version.cuda, build=_ext.build_info().get("built_with"),
+        method="smoke run: one host-clocked call each" if args.smoke else
+        f"CUDA events, L2 flushed before each call, median of {args.iters} after {args.warmup} warm-up calls",
         date=time.strftime("%Y-%m-%d %H:%M:%S"), entries=entries, baselines=baselines, configs=configs,
         targets=targets(entries, baselines),
     )

@@ -4,6 +4,7 @@
     python bench/bench_optim.py lr-range  # tiny Llama: largest stable learning rate of master vs bf16+SR
     python bench/bench_optim.py memory    # bytes per parameter of each strategy, analytic and measured
     python bench/bench_optim.py gpu       # step time on 1B parameters vs torch.optim.AdamW(fused=True) + BF16 copy
+    python bench/bench_optim.py gpu --smoke --out X   # seconds on the CPU: the code runs, nothing is measured
 
 quality, lr-range and memory run on the CPU and write bench/results/cpu-optim-<name>.{json,md}; gpu
 writes bench/results/<device>-optim.json.
@@ -39,6 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+from gpu_bench import add_timing_options, device_and_timer, write_device_result  # noqa: E402
 from run_record import RESULTS, provenance, write_result  # noqa: E402
 
 STRATEGIES = {"master": "fp32", "bf16_sr": "bf16_sr", "bf16_nearest": "bf16_nearest"}  # -> TrainConfig.weights
@@ -569,16 +571,11 @@ def memory(args) -> None:
 
 
 def gpu(args) -> None:
-    from cuda_timer import CudaTimer
-    from gpu_bench import write_device_result
     from snip_ops.optim import AdamW
 
-    if not torch.cuda.is_available():
-        sys.exit("bench_optim gpu: needs a CUDA GPU")
-    dev = torch.device("cuda")
-    timer = CudaTimer(args.warmup, args.iters)
-    # a 1B-parameter set of tensors with Llama-1B-like shapes
-    shapes = [(2048, 2048)] * 4 * 16 + [(8192, 2048)] * 3 * 16 + [(32000, 2048)] * 2
+    dev, name, timer = device_and_timer(args, "bench_optim gpu")
+    # a 1B-parameter set of tensors with Llama-1B-like shapes (a smoke run: two small ones)
+    shapes = [(64, 48), (37, 5)] if args.smoke else [(2048, 2048)] * 4 * 16 + [(8192, 2048)] * 3 * 16 + [(32000, 2048)] * 2
     n = sum(a * b for a, b in shapes)
     entries = []
 
@@ -589,7 +586,7 @@ def gpu(args) -> None:
         return ps
 
     # device copy bandwidth: read + write of a 2 GiB buffer
-    src = torch.empty(2**30, dtype=torch.bfloat16, device=dev)
+    src = torch.empty(2**10 if args.smoke else 2**30, dtype=torch.bfloat16, device=dev)
     dst = torch.empty_like(src)
     t = timer(lambda: dst.copy_(src))
     copy_bw = 2 * src.nbytes / t
@@ -603,7 +600,8 @@ def gpu(args) -> None:
         entries.append({"name": f"snip AdamW bf16 SR, {str(state_dtype)[6:]} moments", "seconds": t,
                         "bytes_moved": bytes_per * n, "bandwidth_fraction_of_copy": bytes_per * n / t / copy_bw})
         del ps, opt
-        torch.cuda.empty_cache()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
 
     master = tensors(torch.float32)
     bf16 = [p.detach().to(torch.bfloat16) for p in master]
@@ -616,10 +614,11 @@ def gpu(args) -> None:
     t = timer(torch_step)
     entries.append({"name": "torch.optim.AdamW(fused=True) on FP32 master + BF16 copy", "seconds": t,
                     "bytes_moved": (4 * 2 + 4 + 8 * 2 + 4 + 2) * n})
-    name = torch.cuda.get_device_name()
+    method = ("smoke run: one host-clocked step each" if args.smoke else
+              f"CUDA events, L2 flushed, median of {args.iters} after {args.warmup} warm-up steps")
     result = {**provenance("python bench/bench_optim.py gpu"), "device": name, "params": n, "entries": entries,
-              "method": f"CUDA events, L2 flushed, median of {args.iters} after {args.warmup} warm-up steps"}
-    write_device_result(result, "optim")
+              "method": method}
+    write_device_result(result, "optim", args.out)
     print(json.dumps(result, indent=1))
 
 
@@ -642,8 +641,7 @@ def main() -> None:
     r.add_argument("--results", type=Path, default=RESULTS, help="where the .json/.md go")
     sub.add_parser("memory")
     g = sub.add_parser("gpu")
-    g.add_argument("--warmup", type=int, default=3)
-    g.add_argument("--iters", type=int, default=10)
+    add_timing_options(g, "optim", warmup=3, iters=10)
     args = p.parse_args()
     {"quality": quality, "lr-range": lr_range, "memory": memory, "gpu": gpu}[args.what](args)
 

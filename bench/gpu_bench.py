@@ -1,24 +1,60 @@
-"""What the GPU kernel benchmarks share: their command line's timing options, and where they leave
-their evidence, bench/results/<device>-<what>.json, the device name slugged ("NVIDIA H100 80GB HBM3"
--> "nvidia-h100-80gb-hbm3")."""
+"""What the GPU kernel benchmarks share: their command line's timing options, the device and timer a
+run uses (a CUDA GPU, or the CPU for a smoke run), and where they leave their evidence,
+bench/results/<device>-<what>.json, the device name slugged ("NVIDIA H100 80GB HBM3" ->
+"nvidia-h100-80gb-hbm3")."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import re
+import sys
+import time
 from pathlib import Path
+from typing import Callable
+
+import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+SMOKE_DEVICE = "cpu (smoke run)"
+
+
+def add_timing_options(p: argparse.ArgumentParser, what: str, warmup: int = 10, iters: int = 50) -> None:
+    """--warmup, --iters, --out and --smoke on `p`."""
+    p.add_argument("--warmup", type=int, default=warmup)
+    p.add_argument("--iters", type=int, default=iters)
+    p.add_argument("--out", type=Path, default=None, help=f"JSON path (default bench/results/<device>-{what}.json)")
+    p.add_argument("--smoke", action="store_true",
+                   help="a seconds-long run on the CPU (tiny shapes, one call each, host clock, the kernels' CPU "
+                        "implementations): checks the benchmark's code without a GPU and measures nothing; needs --out")
 
 
 def timing_parser(doc: str, what: str) -> argparse.ArgumentParser:
-    """A parser with --warmup, --iters and --out; the benchmark adds its own options."""
+    """A parser with the timing options; the benchmark adds its own."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--out", type=Path, default=None, help=f"JSON path (default bench/results/<device>-{what}.json)")
+    add_timing_options(p, what)
     return p
+
+
+def device_and_timer(args, what: str) -> tuple[torch.device, str, Callable[[Callable], float]]:
+    """(device, its name, seconds(fn)): the CUDA GPU with CudaTimer, or under --smoke the CPU with one
+    host-clocked call. Exits when neither applies, or when a smoke run would write into bench/results."""
+    if args.smoke:
+        if args.out is None:
+            sys.exit(f"{what}: --smoke needs --out (its numbers are not evidence)")
+        return torch.device("cpu"), SMOKE_DEVICE, host_seconds
+    if not torch.cuda.is_available():
+        sys.exit(f"{what}: needs a CUDA GPU (--smoke runs its code on the CPU)")
+    from snip_train.cuda_timer import CudaTimer
+
+    return torch.device("cuda"), torch.cuda.get_device_name(), CudaTimer(args.warmup, args.iters)
+
+
+def host_seconds(fn: Callable) -> float:
+    """One call of fn, timed with the host clock (smoke runs: checks that fn runs, not how fast)."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def write_device_result(result: dict, what: str, path: Path | None = None) -> Path:

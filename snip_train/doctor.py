@@ -5,15 +5,14 @@ and odd shapes; quantization bit for bit, GEMMs within 2^-7 of |a| |b|^T), a lar
 same kind, for the Hopper FP8 GEMM which model of the tensor core's accumulation it follows
 (snip_ops.tensor_core_model), and a time against what it replaces -- torch.matmul in BF16 for the
 GEMMs (and torch._scaled_mm with row-wise scales for the FP8 one), a BF16 copy of the same tensor for
-the quantizer. Prints a table and writes `<results>/<device>-doctor.json`. Without a GPU it says so and
-exits 0.
+the quantizer, each the GPU's time per call (snip_train.cuda_timer). Prints a table and writes
+`<results>/<device>-doctor.json`. Without a GPU it says so and exits 0.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import statistics
 import sys
 import time
 import traceback
@@ -27,19 +26,14 @@ __all__ = ["doctor"]
 _LARGE = 4096
 
 
-def _time(fn: Callable[[], object], iters: int = 20) -> float:
-    """Median seconds of fn() over `iters` calls after 3 warm-up calls (CUDA events)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+_TIMING = "GPU time per call: CUDA events, the L2 flushed before each call, median of 20 after 3 warm-up calls"
+
+
+def _time(fn: Callable[[], object]) -> float:
+    """Median GPU seconds of fn(), as _TIMING says."""
+    from snip_train.cuda_timer import CudaTimer
+
+    return CudaTimer(warmup=3, iters=20)(fn)
 
 
 def _large_quantize(device: torch.device) -> dict:
@@ -156,7 +150,7 @@ def doctor(results: Path) -> int:
     results.mkdir(parents=True, exist_ok=True)
     path = results / f"{slug}-doctor.json"
     path.write_text(json.dumps({"device": info["device"], "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                                "command": "snip doctor", "build": info, "kernels": rows}, indent=1, default=str))
+                                "command": "snip doctor", "build": info, "timing": _TIMING, "kernels": rows}, indent=1, default=str))
     print(f"wrote {path}")
     failed = [r for r in rows if r["self_check"] != "pass" or "error" in r]
     return 1 if failed else 0

@@ -82,21 +82,21 @@ def check(y, a, b, path, out_dtype=torch.float32, bias=None, what=""):
     assert_within(y, ref, then_rounded(bound, ref, out_dtype), what)
 
 
-def check_bias(a, b, path, out_dtype, **qgemm_kw):
-    """qgemm(a, b, bias=bias) with a random FP32 bias, within the path's bound (`check`)."""
+def check_bias(a, b, path, out_dtype):
+    """qgemm(a, b, bias=bias) on `path` with a random FP32 bias, within the path's bound (`check`)."""
     bias = torch.randn(b.shape[0], device="cuda")
-    check(gk.qgemm(a, b, bias=bias, out_dtype=out_dtype, **qgemm_kw), a, b, path, out_dtype, bias=bias)
+    check(gk.qgemm(a, b, bias=bias, out_dtype=out_dtype, path=path), a, b, path, out_dtype, bias=bias)
 
 
-def check_accumulate(a, b, path, out_dtype, times, **qgemm_kw):
-    """qgemm(a, b, out=out) `times` times into a random `out` of `out_dtype` (wgrad accumulation over
-    micro-batches): after each, out within the bound of out0 + times * (a @ b^T)."""
+def check_accumulate(a, b, path, out_dtype, times):
+    """qgemm(a, b, out=out) on `path`, `times` times into a random `out` of `out_dtype` (wgrad
+    accumulation over micro-batches): after each, out within the bound of out0 + times * (a @ b^T)."""
     out0 = torch.randn(a.shape[0], b.shape[0], device="cuda").to(out_dtype)
     out = out0.clone()
     product, gemm_bound = ref_gemm(a, b), kernel_bound(path, a, b)
     bound = torch.zeros_like(product)
     for i in range(1, times + 1):
-        assert gk.qgemm(a, b, out=out, **qgemm_kw) is out
+        assert gk.qgemm(a, b, out=out, path=path) is out
         ref = out0.double() + i * product
         # out + the GEMM, in FP32, stored in out's dtype: the error so far plus this GEMM's, rounded twice
         bound = then_rounded(bound + gemm_bound, ref, torch.float32, out_dtype)
@@ -194,8 +194,8 @@ def test_sm90_e5m2_against_fp64(m, n, k, gemm_kind, out_dtype):
 @needs_sm90_e5m2
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_sm90_e5m2_accumulate_and_bias(out_dtype):
-    check_accumulate(*operands("fp8_e5m2grad", 200, 264, 1040, "wgrad"), "sm90_fp8", out_dtype, 1, path="sm90_fp8")
-    check_bias(*operands("fp8_e5m2grad", 200, 264, 512, "dgrad"), "sm90_fp8", out_dtype, path="sm90_fp8")
+    check_accumulate(*operands("fp8_e5m2grad", 200, 264, 1040, "wgrad"), "sm90_fp8", out_dtype, 1)
+    check_bias(*operands("fp8_e5m2grad", 200, 264, 512, "dgrad"), "sm90_fp8", out_dtype)
 
 
 @needs_sm90
@@ -227,7 +227,7 @@ def test_sm90_bias(out_dtype):
 @pytest.mark.parametrize("gemm_kind", ["wgrad", "fprop"])
 def test_sm90_accumulate(out_dtype, n, gemm_kind):
     a, b = operands("fp8", 200, n, 1040, gemm_kind)
-    check_accumulate(a, b, "sm90_fp8", out_dtype, 2, path="sm90_fp8")
+    check_accumulate(a, b, "sm90_fp8", out_dtype, 2)
 
 
 @needs_sm90

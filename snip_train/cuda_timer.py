@@ -1,5 +1,7 @@
-"""GPU timing shared by the kernel benchmarks: CUDA events around each call, the L2 cache flushed
-(a 256 MiB buffer zeroed) before every call, median over `iters` calls after `warmup` calls."""
+"""GPU timing shared by `snip doctor` and the kernel benchmarks: CUDA events around each call, the L2
+cache flushed (a 256 MiB buffer zeroed) before every call, median over `iters` calls after `warmup`
+calls. The flush also keeps the GPU busy while the host issues the call, so that the time is the
+GPU's and not the host's dispatch of a short call (which a synchronize after every call measures)."""
 
 from __future__ import annotations
 

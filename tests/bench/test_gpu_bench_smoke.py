@@ -1,0 +1,57 @@
+"""The GPU kernel benchmarks (bench_gemm, bench_quant, bench_optim gpu) end to end in their --smoke
+setting: seconds on the CPU, through the same code as a GPU run except the kernel launches, so that
+none of them rots unseen between GPU runs. Their output goes to a temporary directory."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from snip_ops import _ext
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_cpu_kernels = pytest.mark.skipif(not _ext.kernel_available("quantize", "cpu"),
+                                       reason="snip_ops._C not built (its CPU implementations run the smoke)")
+
+
+def _smoke(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "result.json"
+    subprocess.run([sys.executable, *args, "--smoke", "--out", str(out)], cwd=ROOT, check=True,
+                   capture_output=True, text=True, timeout=300)
+    result = json.loads(out.read_text())
+    assert result["device"] == "cpu (smoke run)"
+    return result
+
+
+def test_bench_gemm_smoke(tmp_path):
+    result = _smoke(tmp_path, "bench/bench_gemm.py")
+    assert {(e["gemm"], e["format"]) for e in result["entries"]} == {(g, "bf16") for g in ("fprop", "dgrad", "wgrad")}
+    timed = {(b["gemm"], b["format"]) for b in result["baselines"]}
+    assert {(g, f) for g in ("fprop", "dgrad", "wgrad") for f in ("scaled_mm_rowwise", "scaled_mm_tensorwise")} <= timed
+    assert result["targets"] == []  # no snip kernel ran: no verdict
+
+
+@needs_cpu_kernels
+def test_bench_quant_smoke(tmp_path):
+    result = _smoke(tmp_path, "bench/bench_quant.py")
+    assert len(result["entries"]) == 13 and all(e["pass"] is None and e["time_s"] > 0 for e in result["entries"])
+
+
+@needs_cpu_kernels
+def test_bench_optim_gpu_smoke(tmp_path):
+    result = _smoke(tmp_path, "bench/bench_optim.py", "gpu")
+    assert [e["name"] for e in result["entries"]][1:] == [
+        "snip AdamW bf16 SR, float32 moments", "snip AdamW bf16 SR, bfloat16 moments",
+        "torch.optim.AdamW(fused=True) on FP32 master + BF16 copy"]
+
+
+@pytest.mark.parametrize("args", [["bench/bench_gemm.py"], ["bench/bench_quant.py"], ["bench/bench_optim.py", "gpu"]])
+def test_smoke_needs_out_and_plain_run_needs_a_gpu(args, tmp_path):
+    smoke = subprocess.run([sys.executable, *args, "--smoke"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert smoke.returncode != 0 and "--smoke needs --out" in smoke.stderr
+    if not torch.cuda.is_available():
+        plain = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert plain.returncode != 0 and "needs a CUDA GPU" in plain.stderr
