@@ -2,9 +2,11 @@
 there (snip_ops.gemm_kernels.gemm_path, qgemm's own rules), not the recipe's nominal speed-up; the
 default model (no arch) is unchanged. CPU only."""
 
+from pathlib import Path
+
 import pytest
 
-from planner.cost import PATH_SPEEDUP, Budget, LayerShape, TheoreticalCost, gemm_flops, plan_metrics
+from planner.cost import PATH_SPEEDUP, Budget, LayerShape, MeasuredCost, TheoreticalCost, gemm_flops, plan_metrics
 from snip_ops import gemm_kernels as gk
 from snip_ops.formats import GEMMS, RECIPES, GemmRecipe, QuantSpec, E4M3
 
@@ -76,3 +78,15 @@ def test_budget_under_the_arch_model():
 def test_arch_must_be_a_capability():
     with pytest.raises(ValueError, match="compute capability"):
         TheoreticalCost(arch=(9,))
+
+
+def test_the_h100_gemm_benchmark_prices_a_plan():
+    # bench_gemm's output is the planner's measured cost table (--planner-cost-table): the committed
+    # H100 run reads as one, and prices what that GPU did -- FP8 below BF16 in fprop, FP4 (re-encoded
+    # for the FP8 kernel) above it.
+    table = Path(__file__).resolve().parents[2] / "bench" / "results" / "nvidia-h100-80gb-hbm3-gemm.json"
+    cost = MeasuredCost.from_json(table)
+    assert cost.device == "NVIDIA H100 80GB HBM3"
+    layer = LayerShape("l", in_features=4096, out_features=4096, tokens=8192)
+    bf16, fp8, fp4 = (cost.gemm_cost(layer, "fprop", p) for p in ("bf16", "fp8", "fp4"))
+    assert fp8 < bf16 < fp4
