@@ -33,13 +33,18 @@ log=bench/results/$slug-gpu-tests.txt
 "$PY" -m snip_train doctor --results bench/results 2>&1 | tee -a "$log"
 doctor_rc=${PIPESTATUS[0]}
 workers=()
+worker_env=()
 if "$PY" -c "import xdist" 2>/dev/null; then
   cores=$(nproc 2>/dev/null || echo 1)
-  workers=(-n $(( cores < 8 ? cores : 8 )))
+  n=$(( cores < 8 ? cores : 8 ))
+  workers=(-n $n)
+  # The oracle runs on the CPU: one intra-op thread pool per worker, sized to share the cores (on a
+  # 16-core H100 machine 16 workers of 16 threads each ran the quantization tests slower than 8).
+  worker_env=(OMP_NUM_THREADS=$(( cores / n )))
 fi
 gpu_tests() {  # pytest -m gpu on the given paths: a line per test into the log, failures on the terminal
   local part=$log.part rc
-  COLUMNS=240 "$PY" -m pytest -m gpu -v -rfEs --tb=short -p no:cacheprovider "${workers[@]}" "$@" >"$part" 2>&1
+  env "${worker_env[@]}" COLUMNS=240 "$PY" -m pytest -m gpu -v -rfEs --tb=short -p no:cacheprovider "${workers[@]}" "$@" >"$part" 2>&1
   rc=$?
   cat "$part" >>"$log"
   grep -E "^(FAILED|ERROR) tests/|^=+ .*(passed|failed|error|skipped|no tests ran)" "$part" | tail -40
