@@ -11,6 +11,7 @@ the quantizer, each the GPU's time per call (snip_train.cuda_timer). Prints a ta
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import sys
@@ -21,7 +22,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["doctor"]
+__all__ = ["accumulator_probe_operands", "doctor", "probe_outputs"]
 
 _LARGE = 4096
 
@@ -72,29 +73,47 @@ def _large_gemm(kernel: str, device: torch.device) -> dict:
     return out
 
 
-def _accumulator_probe(device: torch.device) -> dict:
-    """How the FP8 tensor core sums inside the kernel, which no document says: one fprop GEMM whose
-    magnitudes spread over 13 binades along K (so that aligning addends to the largest one shows),
-    reproduced bit for bit by which of snip_ops.tensor_core_model's models, and its largest error
-    relative to |a| |b|^T (what the GEMM tests' bound, tests/bounds.py, must cover)."""
-    from snip_ops import gemm_kernels
+def accumulator_probe_operands(device: torch.device):
+    """The probe's operands (FP8 QTensors a [128, 512], b [128, 512]): magnitudes spread over 13
+    binades along K, so that aligning addends to the largest one shows. Seeded on the CPU, so the
+    quantized operands are the same on any device (the quantizer is exact); a model of the
+    accumulation can be fitted to a recorded probe later, on the CPU, from these and its `outputs`."""
     from snip_ops.formats import recipe
     from snip_ops.quantize import quantize
-    from snip_ops.tensor_core_model import kernel_operands, matching_models
 
     g = torch.Generator().manual_seed(0)
     m, n, k = 128, 128, 512
     x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-6, 7, (1, k), generator=g).float())
     w = torch.randn(n, k, generator=g)
     r = recipe("fp8")
-    a, b = quantize(x.to(device), r.act), quantize(w.to(device), r.weight)
+    return quantize(x.to(device), r.act), quantize(w.to(device), r.weight)
+
+
+def probe_outputs(probe: dict) -> torch.Tensor:
+    """A recorded probe's kernel result, [M, N] float32, bit for bit."""
+    m, n, _ = probe["shape"]
+    raw = bytearray(base64.b64decode(probe["outputs"]))
+    return torch.frombuffer(raw, dtype=torch.float32).reshape(m, n).clone()
+
+
+def _accumulator_probe(device: torch.device) -> dict:
+    """How the FP8 tensor core sums inside the kernel, which no document says: one fprop GEMM
+    (accumulator_probe_operands) reproduced bit for bit by which of snip_ops.tensor_core_model's
+    models, its largest error relative to |a| |b|^T (what the GEMM tests' bound, tests/bounds.py,
+    must cover), and its outputs (float32 bytes, little-endian, base64; probe_outputs reads them)."""
+    from snip_ops import gemm_kernels
+    from snip_ops.tensor_core_model import kernel_operands, matching_models
+
+    a, b = accumulator_probe_operands(device)
     y = gemm_kernels.qgemm(a, b, out_dtype=torch.float32, path="sm90_fp8")
     matches = matching_models(y, *kernel_operands(a, b))
     best = max(matches.values())
     da, db = a.dequantize().cpu().double(), b.dequantize().cpu().double()
     err = (y.cpu().double() - da @ db.t()).abs() / (da.abs() @ db.abs().t())
-    return {"shape": [m, n, k], "best_models": [name for name, f in matches.items() if f == best],
-            "best_match": best, "matches": matches, "max_error_over_abs_product": float(err.max())}
+    outputs = base64.b64encode(y.detach().cpu().float().contiguous().numpy().astype("<f4").tobytes()).decode()
+    return {"shape": [a.shape[0], b.shape[0], a.shape[1]], "best_models": [name for name, f in matches.items() if f == best],
+            "best_match": best, "matches": matches, "max_error_over_abs_product": float(err.max()),
+            "outputs": outputs}
 
 
 def _check(kernel: str, device: torch.device) -> dict:

@@ -205,14 +205,23 @@ def test_doctor_accumulator_probe_names_the_model_the_kernel_follows(monkeypatch
     from snip_ops.tensor_core_model import BLOCK_K, StepModel, blockwise_gemm, kernel_operands
     from snip_train import doctor
 
+    results = []
+
     def qgemm(a, b, out_dtype, path):
         assert path == "sm90_fp8" and out_dtype == torch.float32 and b.spec.block == (BLOCK_K, BLOCK_K)
-        return blockwise_gemm(*kernel_operands(a, b), model=StepModel(model), group=group)
+        results.append(blockwise_gemm(*kernel_operands(a, b), model=StepModel(model), group=group))
+        return results[-1]
 
     monkeypatch.setattr(gemm_kernels, "qgemm", qgemm)
-    probe = doctor._accumulator_probe(torch.device("cpu"))
+    probe = json.loads(json.dumps(doctor._accumulator_probe(torch.device("cpu"))))  # as the doctor's JSON holds it
     assert f"{model}/g{group}/p13" in probe["best_models"] and probe["best_match"] == 1.0
     assert 0 < probe["max_error_over_abs_product"] < 2.0**-8
+    # The recorded outputs and the regenerated operands are the kernel's result and inputs, bit for bit:
+    # a model can be fitted to a GPU's probe later, on the CPU.
+    outputs = doctor.probe_outputs(probe)
+    assert outputs.dtype == torch.float32 and torch.equal(outputs.view(torch.int32), results[0].view(torch.int32))
+    a, b = doctor.accumulator_probe_operands(torch.device("cpu"))
+    assert torch.equal(blockwise_gemm(*kernel_operands(a, b), model=StepModel(model), group=group), outputs)
 
 
 def test_cli_parser():
