@@ -78,8 +78,9 @@ class CostModel(Protocol):
 # Nominal throughput over a BF16 GEMM of each path of snip_ops.gemm_kernels.qgemm, on the GPU it runs
 # on: the tensor cores' rate ratio. Measured on an H100 (bench/results/nvidia-h100-80gb-hbm3-gemm.json,
 # 4096-wide layers), sm90_fp8 reaches 1.40-1.51x in fprop and dgrad and 0.97-1.06x in wgrad, and
-# sm90_fp4 only 0.26-0.35x: its E2M1 -> E4M3 re-encoding runs as torch ops. For a time budget, price
-# with that file (MeasuredCost) rather than with these.
+# sm90_fp4 only 0.26-0.35x: its E2M1 -> E4M3 re-encoding then took seven torch ops over 8-byte indices
+# (now one gather, not yet timed on a GPU). For a time budget, price with a measured table
+# (MeasuredCost) rather than with these.
 PATH_SPEEDUP: Mapping[str, float] = {
     "sm90_fp8": 2.0,
     "sm90_fp4": 2.0,        # FP4 on Hopper is the FP8 kernel on re-encoded codes

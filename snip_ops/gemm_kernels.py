@@ -343,19 +343,22 @@ def _e2m1_to_e4m3_bytes() -> tuple[int, ...]:
         return tuple(values.to(torch.float8_e4m3fn).view(torch.uint8).tolist())
 
 
-def _e2m1_to_e4m3_lut(device: torch.device) -> torch.Tensor:
-    # Built per call from Python ints (16 bytes): no cached tensor that could be real under a fake
-    # tracing mode or fake outside it.
-    return torch.tensor(_e2m1_to_e4m3_bytes(), dtype=torch.uint8, device=device)
+@lru_cache(maxsize=1)
+def _packed_e2m1_to_e4m3_bytes() -> tuple[tuple[int, int], ...]:
+    """The two E4M3 bytes of each packed byte of E2M1 codes (its low nibble first, as in memory)."""
+    one = _e2m1_to_e4m3_bytes()
+    return tuple((one[c & 0xF], one[c >> 4]) for c in range(256))
 
 
 def fp4_codes_as_e4m3(q: QTensor) -> torch.Tensor:
-    """[rows, cols] float8_e4m3fn codes with the same values as q's packed E2M1 codes."""
+    """[rows, cols] float8_e4m3fn codes with the same values as q's packed E2M1 codes: one gather
+    from a [256, 2] table, 32-bit indices (a byte in, two out; the table is built per call from
+    Python ints, so no cached tensor can be real under a fake tracing mode or fake outside it)."""
     if q.spec.element != E2M1:
         raise ValueError(f"expected E2M1 codes, got {q.spec.element.name}")
-    lut = _e2m1_to_e4m3_lut(q.codes.device)
-    c = q.codes.view(torch.uint8).long()
-    both = torch.stack((lut[c & 0xF], lut[c >> 4]), dim=2).reshape(c.shape[0], 2 * c.shape[1])
+    c = q.codes.view(torch.uint8)
+    lut = torch.tensor(_packed_e2m1_to_e4m3_bytes(), dtype=torch.uint8, device=c.device)
+    both = torch.index_select(lut, 0, c.reshape(-1).to(torch.int32)).reshape(c.shape[0], 2 * c.shape[1])
     return both[:, : q.shape[1]].contiguous().view(torch.float8_e4m3fn)
 
 
