@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 __all__ = ["accumulator_probe_operands", "doctor", "probe_outputs"]
@@ -92,8 +93,8 @@ def accumulator_probe_operands(device: torch.device):
 def probe_outputs(probe: dict) -> torch.Tensor:
     """A recorded probe's kernel result, [M, N] float32, bit for bit."""
     m, n, _ = probe["shape"]
-    raw = bytearray(base64.b64decode(probe["outputs"]))
-    return torch.frombuffer(raw, dtype=torch.float32).reshape(m, n).clone()
+    values = np.frombuffer(base64.b64decode(probe["outputs"]), dtype="<f4").astype(np.float32)
+    return torch.from_numpy(values.reshape(m, n))
 
 
 def _accumulator_probe(device: torch.device) -> dict:
@@ -110,7 +111,7 @@ def _accumulator_probe(device: torch.device) -> dict:
     best = max(matches.values())
     da, db = a.dequantize().cpu().double(), b.dequantize().cpu().double()
     err = (y.cpu().double() - da @ db.t()).abs() / (da.abs() @ db.abs().t())
-    outputs = base64.b64encode(y.detach().cpu().float().contiguous().numpy().astype("<f4").tobytes()).decode()
+    outputs = base64.b64encode(y.detach().cpu().numpy().astype("<f4").tobytes()).decode()
     return {"shape": [a.shape[0], b.shape[0], a.shape[1]], "best_models": [name for name, f in matches.items() if f == best],
             "best_match": best, "matches": matches, "max_error_over_abs_product": float(err.max()),
             "outputs": outputs}
