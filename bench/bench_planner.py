@@ -652,6 +652,7 @@ class AmplifiedError:
             raise ValueError(f"only the forward GEMM runs in evaluation: in_evaluation=False is for fprop, not {gemm!r}")
         self.gemm, self.recipe, self.amplify, self.step = gemm, recipe(precision), amplify, 0
         self.in_evaluation, self.block = in_evaluation, block  # block: that transformer block's layers only
+        self.enabled = True  # off: every GEMM exact (the exact gradient on the same weights, bench_forward_train.py)
 
     def on_setup(self, model, opt) -> None:
         convert(model)  # bf16: the same numbers as the unconverted model (and the same layers as the planner's)
@@ -665,7 +666,7 @@ class AmplifiedError:
 
     def _fprop(self, module, seed: int) -> None:
         def hook(mod, args, out):
-            if not (self.in_evaluation or torch.is_grad_enabled()):  # evaluation runs without autograd
+            if not self.enabled or not (self.in_evaluation or torch.is_grad_enabled()):  # evaluation: no autograd
                 return out
             x = args[0].detach().reshape(-1, mod.in_features).float()
             w = mod.weight.detach().float()
@@ -675,6 +676,8 @@ class AmplifiedError:
 
     def _dgrad(self, module, seed: int) -> None:
         def hook(mod, grad_input, grad_output):
+            if not self.enabled:
+                return grad_input
             dy = grad_output[0].detach().reshape(-1, mod.out_features).float()
             w = mod.weight.detach().float()
             error = snip_gemm.dgrad(dy, w, self.recipe, seed=seed, offset=self.step, emulate=True) - snip_gemm.fp32_mm(dy, w)
@@ -691,6 +694,8 @@ class AmplifiedError:
                 out.register_hook(lambda g: operands.update(dy=g.detach().reshape(-1, mod.out_features).float()))
 
         def add_error(grad):
+            if not self.enabled:
+                return grad
             dy, x = operands["dy"], operands["x"]
             error = snip_gemm.wgrad(dy, x, self.recipe, seed=seed, offset=self.step, emulate=True) - snip_gemm.fp32_mm(dy.t(), x)
             return grad + (self.amplify * error).to(grad.dtype)
@@ -893,11 +898,12 @@ SNIP_VARIANTS = {"snip": WITHOUT_SIGNAL_SHARE, "snip_ld": {"terms": "ld", **WITH
                  "snip_wd": {"terms": "wd", **WITHOUT_SIGNAL_SHARE}, "snip_lam0.1": {"lam": 0.1, **WITHOUT_SIGNAL_SHARE},
                  **{m: {"wd_horizon": "interval", **WITHOUT_SIGNAL_SHARE}
                     for m in ("snip_horizon", "snip_lrs", "snip_cal", "snip_oracle")},
-                 **{m: {"wd_horizon": "interval"} for m in ("snip_signal", "snip_trend", "snip_share", "snip_struct")},
+                 **{m: {"wd_horizon": "interval"}
+                    for m in ("snip_signal", "snip_trend", "snip_growth", "snip_share", "snip_struct")},
                  "snip_dir": {"wd_horizon": "interval", "divergence": DivergenceConfig(ld_form="directional")}}
 # SNIP variants whose WD horizon follows the branch's learning-rate decay (SnipPlanner's lr_schedule)
-LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle", "snip_signal", "snip_trend", "snip_share", "snip_struct",
-                "snip_dir")
+LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle", "snip_signal", "snip_trend", "snip_growth", "snip_share",
+                "snip_struct", "snip_dir")
 # snip_cal: snip_lrs with each backward GEMM's WD times the loss it measurably costs per unit of predicted WD,
 # relative to LD's (bench scale, bench/results/cpu-planner-scale.md: the geometric mean over the three checkpoints
 # of (measured / predicted for the GEMM) / (measured / predicted for fprop) is 1.61-1.68 for dgrad and 0.13-0.16
@@ -925,6 +931,15 @@ FORESIGHT_BATCHES, FORESIGHT_DRAWS = (7, 8), 8
 # interval of a geometric growth, (g - 1) / ln g. The first plan of a branch reads its growth from the curvature
 # at the checkpoint one interval before the branch's (calibration batch 7): what a planner that had been
 # re-planning along the bf16 trajectory would have measured
+# snip_growth: snip_signal whose LD prices what a layer's forward error costs through training as well as at the end of
+# the plan's life: LD(end) + max(0, LD(end) - LD(start)), i.e. its curvature times max(g, 2 g - 1), g its growth over
+# one interval extrapolated as snip_trend's. Why: training under a forward error follows the gradient of L + LD (the
+# error's even-order bias; bench_forward_train.py: the cost comes through Adam's first moment, as a bias that an
+# error of alternating sign keeps and stochastic rounding of the forward does not lower), so to first order it costs
+# the exact loss what the exact trajectory would have raised LD by: LD(end) - LD(start). Against bench scale --blocks'
+# per-block forward costs, that price with LD 100 steps on along the bf16 trajectory is within 1.1-2.6x of every
+# block's at every checkpoint, LD(start) within 1.0-72x (cpu-planner-forward-train.md). It plans no better at the
+# 100-step checkpoint (cpu-planner-quality-growth-early.md)
 ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
 # a planned method's name + GEMM_SUFFIX: the same method with one precision per GEMM instead of per layer
 GEMM_SUFFIX = "_gemm"
@@ -1054,18 +1069,24 @@ def ld_growth(preset: str, phase: int, steps: int) -> dict[str, float]:
     return growth
 
 
+def end_and_growth(growth: float) -> float:
+    """LD(end) + max(0, LD(end) - LD(start)) over LD(start), for a quantity that grows by `growth` (snip_growth)."""
+    return max(growth, 2.0 * growth - 1.0)
+
+
 def life_mean(growth: float) -> float:
     """The mean over [0, 1] of growth ** t: a quantity's mean over an interval in which it grows geometrically by `growth`."""
     return 1.0 if abs(growth - 1.0) < 1e-9 else (growth - 1.0) / math.log(growth)
 
 
 class TrendedStats(AdjustedStats):
-    """Planner hooks whose planner solves with every layer's curvature times `life_mean` of its growth over one
-    interval, extrapolated from the previous measurement (the first one's: `before`, `interval` steps earlier)."""
+    """Planner hooks whose planner solves with every layer's curvature times `price` (`life_mean` by default) of its
+    growth over one interval, extrapolated from the previous measurement (the first one's: `before`, `interval` steps
+    earlier)."""
 
-    def __init__(self, hooks, interval: int, before: dict[str, float]):
+    def __init__(self, hooks, interval: int, before: dict[str, float], price: Callable[[float], float] = life_mean):
         super().__init__(hooks, adjust=None)
-        self.interval, self.previous = interval, (-interval, before)
+        self.interval, self.previous, self.price = interval, (-interval, before), price
 
     def adjust_stats(self, stats: PlannerStats, batch) -> PlannerStats:
         (step_before, before), self.previous = self.previous, (stats.step, {s.name: s.curvature for s in stats.layers})
@@ -1074,7 +1095,7 @@ class TrendedStats(AdjustedStats):
             h0, h1 = before[s.name], s.curvature
             if not (h0 > 0 and h1 > 0 and stats.step > step_before):
                 return 1.0
-            return life_mean((h1 / h0) ** (self.interval / (stats.step - step_before)))
+            return self.price((h1 / h0) ** (self.interval / (stats.step - step_before)))
         return curvature_times(stats, factor)
 
 
@@ -1167,7 +1188,9 @@ ADJUSTED_STATS = {
         hooks, foreseen_ld(ld_growth(run.preset, run.phase, run.steps), run.interval / run.steps)),
     "snip_share": lambda run, hooks: DgradSignalShare(hooks),
     "snip_struct": lambda run, hooks: StructuredLD(hooks),
-    "snip_trend": lambda run, hooks: TrendedStats(hooks, run.interval, curvature_at(run.preset, run.phase - run.interval))}
+    "snip_trend": lambda run, hooks: TrendedStats(hooks, run.interval, curvature_at(run.preset, run.phase - run.interval)),
+    "snip_growth": lambda run, hooks: TrendedStats(hooks, run.interval, curvature_at(run.preset, run.phase - run.interval),
+                                                   end_and_growth)}
 
 
 def run_quality(run: QualityRun) -> dict:
@@ -1319,7 +1342,7 @@ def bench_quality(args) -> None:
         checkpoint(phase, args.preset)
         if foresight:
             ld_growth(args.preset, phase, args.steps)
-        if any(base_method(r.method) == "snip_trend" for r in runs):
+        if any(base_method(r.method) in ("snip_trend", "snip_growth") for r in runs):
             curvature_at(args.preset, phase - args.interval)
     todo = [r for r in runs if r.key not in done and not args.report_only]
     print(f"quality: {len(runs)} runs, {len(todo)} to train, {args.workers} workers", flush=True)
@@ -1356,7 +1379,10 @@ def bench_quality(args) -> None:
           "which WD's fixed preconditioner leaves out); every other SNIP variant prices wgrad without it; snip_trend: "
           "snip_signal with each layer's LD over the plan's life, (g - 1) / ln g times its curvature, g the growth over "
           "one interval extrapolated from the previous measurement (the first plan's: the checkpoint one interval "
-          "earlier, what a planner re-planning along the bf16 trajectory would have measured); snip_share: "
+          "earlier, what a planner re-planning along the bf16 trajectory would have measured); snip_growth: "
+          "snip_signal with each layer's LD at the end of the plan's life plus its growth within it, max(g, 2 g - 1) "
+          "times its curvature, g as snip_trend's (the forward error's cost through training: LD(end) - LD(start)); "
+          "snip_share: "
           "snip_signal with dgrad's WD times the same share (its error, linear in dy, treated as noise that Adam's v "
           "absorbs like wgrad's); snip_struct: snip_signal with each layer's LD along its actual FP4 forward error "
           "(the Gauss-Newton form 1/2 e^T G e from the Fisher draws, per sequence; LD prices it as isotropic noise of "

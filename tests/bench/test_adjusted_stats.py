@@ -13,7 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from bench_planner import AdjustedStats, DgradSignalShare, TrendedStats, foreseen_ld, life_mean, weighted_wd  # noqa: E402
+from bench_planner import (AdjustedStats, DgradSignalShare, TrendedStats, end_and_growth, foreseen_ld,  # noqa: E402
+                           life_mean, weighted_wd)
 from planner.cost import LayerShape  # noqa: E402
 from planner.stats import LayerStats, PlannerStats  # noqa: E402
 
@@ -103,6 +104,19 @@ def test_trended_stats_reads_growth_per_interval_and_leaves_an_unmeasured_layer_
     got = hooks.planner.measure("batch", 10).by_name()  # 20 steps after `before`: growth 4 is 2 per interval
     assert got["l0"].curvature == 2.0  # no curvature before: no growth to read
     assert got["l1"].curvature == pytest.approx(3.0 / math.log(2.0), rel=1e-14)
+
+
+def test_end_and_growth_is_the_end_value_plus_the_rise_only():
+    assert end_and_growth(1.0) == 1.0 and end_and_growth(4.0) == 7.0  # LD(end) 4 plus its rise 3
+    assert end_and_growth(0.5) == 0.5  # a falling LD: its end value, no credit for the fall
+
+
+def test_trended_stats_takes_the_price_of_the_growth_it_is_given():
+    hooks = _Hooks()
+    TrendedStats(hooks, interval=10, before={"l0": 0.5, "l1": 6.0}, price=end_and_growth).on_setup(model=None, opt=None)
+    got = hooks.planner.measure("batch", 0).by_name()  # growth 4 and 0.5 over one interval
+    assert (got["l0"].curvature, got["l1"].curvature) == (2.0 * 7.0, 3.0 * 0.5)
+    assert got["l0"].s_dgrad == 3.0 and got["l0"].s_wgrad == 5.0  # WD as measured
 
 
 def test_dgrad_signal_share_scales_dgrads_wd_by_the_measured_share_only():
