@@ -899,11 +899,12 @@ SNIP_VARIANTS = {"snip": WITHOUT_SIGNAL_SHARE, "snip_ld": {"terms": "ld", **WITH
                  **{m: {"wd_horizon": "interval", **WITHOUT_SIGNAL_SHARE}
                     for m in ("snip_horizon", "snip_lrs", "snip_cal", "snip_oracle")},
                  **{m: {"wd_horizon": "interval"}
-                    for m in ("snip_signal", "snip_trend", "snip_growth", "snip_share", "snip_struct")},
+                    for m in ("snip_signal", "snip_trend", "snip_growth", "snip_growth_oracle", "snip_share",
+                              "snip_struct")},
                  "snip_dir": {"wd_horizon": "interval", "divergence": DivergenceConfig(ld_form="directional")}}
 # SNIP variants whose WD horizon follows the branch's learning-rate decay (SnipPlanner's lr_schedule)
-LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle", "snip_signal", "snip_trend", "snip_growth", "snip_share",
-                "snip_struct", "snip_dir")
+LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle", "snip_signal", "snip_trend", "snip_growth",
+                "snip_growth_oracle", "snip_share", "snip_struct", "snip_dir")
 # snip_cal: snip_lrs with each backward GEMM's WD times the loss it measurably costs per unit of predicted WD,
 # relative to LD's (bench scale, bench/results/cpu-planner-scale.md: the geometric mean over the three checkpoints
 # of (measured / predicted for the GEMM) / (measured / predicted for fprop) is 1.61-1.68 for dgrad and 0.13-0.16
@@ -940,6 +941,9 @@ FORESIGHT_BATCHES, FORESIGHT_DRAWS = (7, 8), 8
 # per-block forward costs, that price with LD 100 steps on along the bf16 trajectory is within 1.1-2.6x of every
 # block's at every checkpoint, LD(start) within 1.0-72x (cpu-planner-forward-train.md). It plans no better at the
 # 100-step checkpoint (cpu-planner-quality-growth-early.md)
+# snip_growth_oracle: snip_growth with snip_oracle's foresight instead of the extrapolated growth: the layer's growth
+# along the bf16 trajectory over the branch, to the power interval / steps. Whether the price would plan better with
+# a perfect forecast of LD's growth (a diagnostic, not a method)
 ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
 # a planned method's name + GEMM_SUFFIX: the same method with one precision per GEMM instead of per layer
 GEMM_SUFFIX = "_gemm"
@@ -1046,9 +1050,10 @@ def weighted_wd(weights: dict[str, float]) -> Callable[[LayerStats], LayerStats]
     return lambda s: dataclasses.replace(s, s_dgrad=s.s_dgrad * weights["dgrad"], s_wgrad=s.s_wgrad * weights["wgrad"])
 
 
-def foreseen_ld(growth: dict[str, float], power: float) -> Callable[[LayerStats], LayerStats]:
-    """Each layer's curvature (so its LD) times its growth (`ld_growth`) to the power `power`."""
-    return lambda s: dataclasses.replace(s, curvature=s.curvature * growth[s.name] ** power)
+def foreseen_ld(growth: dict[str, float], power: float,
+                 price: Callable[[float], float] = lambda g: g) -> Callable[[LayerStats], LayerStats]:
+    """Each layer's curvature (so its LD) times `price` of its growth (`ld_growth`) to the power `power`."""
+    return lambda s: dataclasses.replace(s, curvature=s.curvature * price(growth[s.name] ** power))
 
 
 def ld_growth(preset: str, phase: int, steps: int) -> dict[str, float]:
@@ -1190,7 +1195,9 @@ ADJUSTED_STATS = {
     "snip_struct": lambda run, hooks: StructuredLD(hooks),
     "snip_trend": lambda run, hooks: TrendedStats(hooks, run.interval, curvature_at(run.preset, run.phase - run.interval)),
     "snip_growth": lambda run, hooks: TrendedStats(hooks, run.interval, curvature_at(run.preset, run.phase - run.interval),
-                                                   end_and_growth)}
+                                                   end_and_growth),
+    "snip_growth_oracle": lambda run, hooks: AdjustedStats(
+        hooks, foreseen_ld(ld_growth(run.preset, run.phase, run.steps), run.interval / run.steps, end_and_growth))}
 
 
 def run_quality(run: QualityRun) -> dict:
@@ -1337,7 +1344,7 @@ def bench_quality(args) -> None:
     runs = quality_grid(args)
     cache = CACHE / "quality-runs.json"
     done = json.loads(cache.read_text()) if cache.exists() else {}
-    foresight = any(base_method(r.method) == "snip_oracle" for r in runs)
+    foresight = any(base_method(r.method) in ("snip_oracle", "snip_growth_oracle") for r in runs)
     for phase in args.phases:  # before the workers start, so that they only read them
         checkpoint(phase, args.preset)
         if foresight:
@@ -1382,6 +1389,7 @@ def bench_quality(args) -> None:
           "earlier, what a planner re-planning along the bf16 trajectory would have measured); snip_growth: "
           "snip_signal with each layer's LD at the end of the plan's life plus its growth within it, max(g, 2 g - 1) "
           "times its curvature, g as snip_trend's (the forward error's cost through training: LD(end) - LD(start)); "
+          "snip_growth_oracle: snip_growth with snip_oracle's foresight of g (a diagnostic); "
           "snip_share: "
           "snip_signal with dgrad's WD times the same share (its error, linear in dy, treated as noise that Adam's v "
           "absorbs like wgrad's); snip_struct: snip_signal with each layer's LD along its actual FP4 forward error "

@@ -71,6 +71,12 @@ def test_foreseen_ld_scales_each_layers_curvature_by_its_growth_over_a_plans_lif
         assert (got[n].s_dgrad, got[n].s_wgrad, got[n].errors) == (want[n].s_dgrad, want[n].s_wgrad, want[n].errors)
 
 
+def test_foreseen_ld_takes_the_price_of_the_growth_it_is_given():
+    stats, _, _ = _adjusted(foreseen_ld({"l0": 16.0, "l1": 0.25}, power=0.5, price=end_and_growth))
+    got, want = stats.by_name(), _stats().by_name()
+    assert got["l0"].curvature == want["l0"].curvature * 7.0 and got["l1"].curvature == want["l1"].curvature * 0.5
+
+
 def test_foreseen_ld_fails_on_a_layer_without_a_growth():
     hooks = _Hooks()
     AdjustedStats(hooks, foreseen_ld({"l0": 2.0}, power=1.0)).on_setup(model=None, opt=None)
