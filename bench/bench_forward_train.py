@@ -24,7 +24,9 @@ AdamW update (torch.optim.AdamW's arithmetic, the loop's clipped gradients) fed 
 A cost that the error's noise carries halves from other_batch to two_batch_mean; one that its bias carries does not.
 One that the bias's odd part carries vanishes under alternating_sign; one that its even part carries does not.
 With `--rounding sr` the forward GEMM's operands (activations and weight) round stochastically instead of to nearest
-(fresh bits every step): the error's part that is odd in it then has mean zero, bias turned into noise.
+(fresh bits every step): the error's part that is odd in it then has mean zero, bias turned into noise. Beside the
+routes, per checkpoint: the energy of the FP4 forward error rounded stochastically over that rounded to nearest, per
+layer on the calibration batch (what the even part scales with).
 
 Prices (`--price-batches` calibration batches at each phase, every block, the error not amplified): the gradient change
 dg(s) of the block's forward error times s = +1 and -1, its odd part (dg(1) - dg(-1)) / 2 (linear in the error) and
@@ -222,6 +224,27 @@ def route_rows(args) -> list[dict]:
     return rows
 
 
+def sr_energy_ratios(phase: int) -> dict[str, float]:
+    """{layer: the mean squared FP4 forward error on the calibration batch rounded stochastically (the layer's own
+    bits, step 0) over that rounded to nearest} at the checkpoint."""
+    model, _, layers = bp.model_at(bp.checkpoint(phase))
+    inputs = {}
+    handles = [m.register_forward_hook(lambda mod, args, out, name=name: inputs.__setitem__(
+        name, args[0].detach().reshape(-1, mod.in_features).float())) for name, m in layers.items()]
+    with torch.no_grad():
+        model.loss(bp.calibration_batch())
+    for h in handles:
+        h.remove()
+    ratios = {}
+    for name, module in layers.items():
+        x, w = inputs[name], module.weight.detach().float()
+        exact = bp.snip_gemm.fp32_mm(x, w.t())
+        energy = {r: float((bp.snip_gemm.fprop(x, w, forward_recipe(r), seed=bp.layer_seed(name), emulate=True)
+                            - exact).pow(2).mean()) for r in ROUNDINGS}
+        ratios[name] = energy["sr"] / energy["rne"]
+    return ratios
+
+
 def mean_se(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
 
@@ -308,7 +331,7 @@ def price_rows(args) -> list[dict]:
     return rows
 
 
-def markdown(args, routes: list[dict], prices: list[dict]) -> str:
+def markdown(args, routes: list[dict], prices: list[dict], energy: dict[int, dict[str, float]]) -> str:
     def num(v, fmt=".5f"):
         return "-" if v is None else format(v, fmt)
 
@@ -323,6 +346,9 @@ def markdown(args, routes: list[dict], prices: list[dict]) -> str:
           "| checkpoint | block | route | gap per seed | mean +- SE | share of both |", "|---|---|---|---|---|---|"]
     md += [f"| {r['phase']} | {r['block']} | {r['route']} | " + ", ".join(f"{g:+.4f}" for g in r["gaps"])
            + f" | {r['mean_gap']:+.4f} +- {r['standard_error']:.4f} | {r['share_of_both']:.2f} |" for r in routes]
+    md += ["", "Forward error energy, rounded stochastically over rounded to nearest (the calibration batch, per layer): "
+           + "; ".join(f"checkpoint {phase}: median {statistics.median(r.values()):.2f}, {min(r.values()):.2f}-"
+                       f"{max(r.values()):.2f} over {len(r)} layers" for phase, r in energy.items()) + "."]
     if not prices:
         return "\n".join(md)
     md += ["", f"Prices ({args.price_batches} calibration batches, the error not amplified): the block's LD, the drift "
@@ -369,13 +395,14 @@ def main() -> None:
         bp.RESULTS = args.results
     torch.set_num_threads(1)
     routes = route_rows(args)
+    energy = {phase: sr_energy_ratios(phase) for phase in args.phases}
     args.price_phases = args.phases if args.price_phases is None else args.price_phases
     prices = price_rows(argparse.Namespace(**{**vars(args), "phases": args.price_phases}))
     bp.write(args.name, {"steps": args.steps, "amplify": args.amplify, "rounding": args.rounding, "seeds": args.seeds,
                          "blocks": args.blocks,
                          "price_phases": args.price_phases, "price_batches": args.price_batches,
-                         "routes": routes, "prices": prices},
-             markdown(args, routes, prices))
+                         "routes": routes, "sr_over_rne_error_energy": energy, "prices": prices},
+             markdown(args, routes, prices, energy))
 
 
 if __name__ == "__main__":

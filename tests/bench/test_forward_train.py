@@ -138,6 +138,8 @@ def test_bench_runs_end_to_end(tmp_path):
     both = next(r for r in out["routes"] if r["route"] == "both")
     assert both["share_of_both"] == 1.0 and len(both["gaps"]) == 2
     assert [r["block"] for r in out["prices"]] == [0, 1, 2, 3]
+    (energy,) = out["sr_over_rne_error_energy"].values()  # per layer at the one checkpoint
+    assert len(energy) == 28 and all(0 < r < 10 for r in energy.values())
     assert all(r["ld"] >= 0 and r["drift_whole"] >= 0 and r["truth"] is None for r in out["prices"])
     assert (tmp_path / "cpu-planner-forward-train.md").exists()
 
