@@ -40,13 +40,6 @@ import bench_planner as bp  # noqa: E402
 from planner.baselines import block_index  # noqa: E402
 
 FIRST_BATCH_SEED = 100  # the measured batches: calibration_batch(100 + i), none of them the calibration batch
-BLOCK_TRUTHS = "cpu-planner-scale-blocks.json"
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    return statistics.mean(values), statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
-
-
 def plan_sets(path: Path, preset: str, phase: int, names: list[str]) -> dict[str, dict]:
     """{method: {"fp4": its first plan's FP4 forward GEMMs at seed 0, "gap": its mean trained gap to bf16}} from a
     quality results file, for the runs from this checkpoint ("method @budget" where the file holds several budgets)."""
@@ -74,10 +67,9 @@ def plan_sets(path: Path, preset: str, phase: int, names: list[str]) -> dict[str
 
 def block_truths(preset: str, phase: int) -> dict[int, float]:
     """{block: its training truth per unit error energy} from bench scale --blocks (tiny only), else {}."""
-    path = bp.ROOT / "bench" / "results" / BLOCK_TRUTHS
-    if preset != "tiny" or not path.exists():
+    if preset != "tiny":
         return {}
-    return {r["block"]: r["mean_gap"] / r["amplify"] ** 2 for r in json.loads(path.read_text())["rows"]
+    return {r["block"]: r["mean_gap"] / r["amplify"] ** 2 for r in bp.scale_block_rows()
             if r["gemm"] == "fprop" and r["phase"] == phase and r["block"] is not None}
 
 
@@ -96,7 +88,7 @@ def bench_phase(args, phase: int) -> dict:
     plans = plan_sets(args.plans, args.preset, phase, names) if args.plans else {}
     sets.update({f"plan:{m}": p["fp4"] for m, p in plans.items()})
     changes = bp.fp4_forward_loss_changes(model, layers, batches, sets)
-    measured = {key: dict(zip(("measured", "measured_se"), mean_se(v))) for key, v in changes.items()}
+    measured = {key: dict(zip(("measured", "measured_se"), bp.mean_se(v))) for key, v in changes.items()}
     layer_rows = [{"layer": n, "block": block_index(n), "ld": ld[n], "ld_dir": ld_dir[n], "ld_struct": struct[n],
                    **measured[n]}
                   for n in names]

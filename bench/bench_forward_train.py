@@ -43,6 +43,7 @@ to first order costs the exact loss what the exact trajectory raises LD by.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -77,7 +78,6 @@ ROUTES = {
 ALTERNATING = ("alternating_sign",)  # routes whose error changes sign every step
 OTHER_BATCH_SEED = 10_000  # the other batches: a generator of their own per seed, none of the branch's
 FIRST_PRICE_BATCH = 100  # the priced batches: calibration_batch(100 + i), none of them the calibration batch
-BLOCK_TRUTHS = "cpu-planner-scale-blocks.json"
 ROUNDINGS = ("rne", "sr")
 
 
@@ -99,6 +99,21 @@ def clipped(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
     return [g * min(1.0, max_norm / (norm + 1e-6)) for g in grads]
 
 
+@contextlib.contextmanager
+def error_switched(error: bp.AmplifiedError, on: bool):
+    """`error` on or off for the block, as it was afterwards."""
+    was, error.enabled = error.enabled, on
+    try:
+        yield
+    finally:
+        error.enabled = was
+
+
+def loss_grads(model, params, batch, grad_clip: float) -> list[torch.Tensor]:
+    """The clipped gradients of the model's loss on `batch` (as the training loop clips them)."""
+    return clipped(list(torch.autograd.grad(model.loss(batch), params)), grad_clip)
+
+
 class RoutedError(bp.AmplifiedError):
     """Hooks for bench_planner.continue_from: one block's forward error in the training steps, and the optimizer's
     step replaced by AdamW's fed as the route says (ROUTES)."""
@@ -115,14 +130,12 @@ class RoutedError(bp.AmplifiedError):
         super().on_setup(model, opt)
         self.model, self.opt = model, opt
         self.params = [p for group in opt.param_groups for p in group["params"]]
+        self.groups = [group for group in opt.param_groups for _ in group["params"]]  # each parameter's
         opt.step = self.adam_step
 
     def grads(self, batch, with_error: bool) -> list[torch.Tensor]:
-        was, self.enabled = self.enabled, with_error
-        try:
-            return clipped(list(torch.autograd.grad(self.model.loss(batch), self.params)), self.grad_clip)
-        finally:
-            self.enabled = was
+        with error_switched(self, with_error):
+            return loss_grads(self.model, self.params, batch, self.grad_clip)
 
     def on_step(self, step, model, batch) -> None:
         super().on_step(step, model, batch)
@@ -149,23 +162,20 @@ class RoutedError(bp.AmplifiedError):
     @torch.no_grad()
     def adam_step(self) -> None:
         """torch.optim.AdamW's update (decoupled weight decay, bias-corrected moments), m and v fed as routed."""
-        index = {id(p): i for i, p in enumerate(self.params)}
-        for group in self.opt.param_groups:
+        for i, (p, group) in enumerate(zip(self.params, self.groups)):
             beta1, beta2 = group["betas"]
             lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
-                i = index[id(p)]
-                m_grad, v_grad = self.fed(self.first, i, p.grad), self.fed(self.second, i, p.grad)
-                state = self.opt.state[p]
-                if not state:  # as torch.optim.AdamW starts a parameter's state
-                    state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-                state["step"] += 1
-                t = float(state["step"])
-                p.mul_(1 - lr * weight_decay)
-                state["exp_avg"].lerp_(m_grad, 1 - beta1)
-                state["exp_avg_sq"].mul_(beta2).addcmul_(v_grad, v_grad, value=1 - beta2)
-                denom = (state["exp_avg_sq"].sqrt() / (1 - beta2 ** t) ** 0.5).add_(eps)
-                p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** t))
+            m_grad, v_grad = self.fed(self.first, i, p.grad), self.fed(self.second, i, p.grad)
+            state = self.opt.state[p]
+            if not state:  # as torch.optim.AdamW starts a parameter's state
+                state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+            state["step"] += 1
+            t = float(state["step"])
+            p.mul_(1 - lr * weight_decay)
+            state["exp_avg"].lerp_(m_grad, 1 - beta1)
+            state["exp_avg_sq"].mul_(beta2).addcmul_(v_grad, v_grad, value=1 - beta2)
+            denom = (state["exp_avg_sq"].sqrt() / (1 - beta2 ** t) ** 0.5).add_(eps)
+            p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** t))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +228,7 @@ def route_rows(args) -> list[dict]:
                             for s in args.seeds] for route in args.routes if route != "exact"}
             whole = statistics.mean(gaps["both"])
             for route, per_seed in gaps.items():
-                mean, se = mean_se(per_seed)
+                mean, se = bp.mean_se(per_seed)
                 rows.append({"phase": phase, "block": block, "route": route, "gaps": per_seed, "mean_gap": mean,
                              "standard_error": se, "share_of_both": mean / whole if whole else float("nan")})
     return rows
@@ -245,10 +255,6 @@ def sr_energy_ratios(phase: int) -> dict[str, float]:
     return ratios
 
 
-def mean_se(values: list[float]) -> tuple[float, float]:
-    return statistics.mean(values), statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
-
-
 def pair_mean_of_squares(samples: list[list[torch.Tensor]], j: int) -> torch.Tensor:
     """The mean over pairs of distinct samples of a_i * a_k, elementwise, for parameter j: the squared mean
     without its noise (unbiased)."""
@@ -270,12 +276,10 @@ def drift_price(changes: list[list[torch.Tensor]], fisher, preconditioner, lr: f
 
 def price_rows(args) -> list[dict]:
     truths = {}
-    path = Path(__file__).resolve().parent / "results" / BLOCK_TRUTHS
-    if path.exists():
-        for r in json.loads(path.read_text())["rows"]:
-            if r["gemm"] in ("fprop", "fprop_train") and r["block"] is not None:
-                truths[r["phase"], r["gemm"], r["block"]] = r["mean_gap"] / r["amplify"] ** 2
-                truths[r["phase"], "ld_later", r["block"]] = r["predicted_later"] / r["amplify"] ** 2
+    for r in bp.scale_block_rows():
+        if r["gemm"] in ("fprop", "fprop_train") and r["block"] is not None:
+            truths[r["phase"], r["gemm"], r["block"]] = r["mean_gap"] / r["amplify"] ** 2
+            truths[r["phase"], "ld_later", r["block"]] = r["predicted_later"] / r["amplify"] ** 2
     rows = []
     for phase in args.phases:
         ckpt = bp.checkpoint(phase)
@@ -291,18 +295,13 @@ def price_rows(args) -> list[dict]:
             e.on_setup(model, opt)
             e.enabled = False
 
-        def grads(batch, error=None) -> list[torch.Tensor]:
-            if error is not None:
-                error.enabled = True
-            try:
-                return clipped(list(torch.autograd.grad(model.loss(batch), params)), bp.RUN["grad_clip"])
-            finally:
-                if error is not None:
-                    error.enabled = False
+        def grads(batch, error: bp.AmplifiedError) -> list[torch.Tensor]:
+            with error_switched(error, True):
+                return loss_grads(model, params, batch, bp.RUN["grad_clip"])
         whole = {block: [] for block in blocks}
         odd = {block: [] for block in blocks}
         for batch in batches:
-            exact = grads(batch)
+            exact = loss_grads(model, params, batch, bp.RUN["grad_clip"])  # every error off
             for block in blocks:
                 plus, minus = grads(batch, errors[block, 1.0]), grads(batch, errors[block, -1.0])
                 whole[block].append([p - e for p, e in zip(plus, exact)])

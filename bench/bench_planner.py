@@ -96,6 +96,17 @@ def machine() -> dict:
             "loadavg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None}
 
 
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """The mean and its standard error (0 for a single value)."""
+    return statistics.mean(values), statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+
+
+def scale_block_rows() -> list[dict]:
+    """The committed rows of bench scale --blocks (the tiny preset's per-block truths), [] without the file."""
+    path = ROOT / "bench" / "results" / "cpu-planner-scale-blocks.json"
+    return json.loads(path.read_text())["rows"] if path.exists() else []
+
+
 def write(name: str, payload: dict, markdown: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     argv = list(sys.argv)
@@ -944,6 +955,9 @@ FORESIGHT_BATCHES, FORESIGHT_DRAWS = (7, 8), 8
 # snip_growth_oracle: snip_growth with snip_oracle's foresight instead of the extrapolated growth: the layer's growth
 # along the bf16 trajectory over the branch, to the power interval / steps. Whether the price would plan better with
 # a perfect forecast of LD's growth (a diagnostic, not a method)
+# the variants that read the LD growth along the bf16 trajectory (ld_growth), and those that extrapolate it from the
+# curvature one interval before the branch (curvature_at)
+FORESEEN, TRENDED = ("snip_oracle", "snip_growth_oracle"), ("snip_trend", "snip_growth")
 ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
 # a planned method's name + GEMM_SUFFIX: the same method with one precision per GEMM instead of per layer
 GEMM_SUFFIX = "_gemm"
@@ -1186,18 +1200,25 @@ def curvature_at(preset: str, steps: int) -> dict[str, float]:
     return curvature
 
 
+def foresight(run: "QualityRun") -> tuple[dict[str, float], float]:
+    """foreseen_ld's growth and power for a branch: the growth over the branch, to the power of one plan's share."""
+    return ld_growth(run.preset, run.phase, run.steps), run.interval / run.steps
+
+
+def curvature_before(run: "QualityRun") -> dict[str, float]:
+    """The curvatures one re-plan interval before the branch's checkpoint (TrendedStats' first `before`)."""
+    return curvature_at(run.preset, run.phase - run.interval)
+
+
 # the diagnostic SNIP variants whose planner solves with adjusted statistics: (run, hooks) -> the hooks that adjust them
 ADJUSTED_STATS = {
     "snip_cal": lambda run, hooks: AdjustedStats(hooks, weighted_wd(CALIBRATED_WD)),
-    "snip_oracle": lambda run, hooks: AdjustedStats(
-        hooks, foreseen_ld(ld_growth(run.preset, run.phase, run.steps), run.interval / run.steps)),
+    "snip_oracle": lambda run, hooks: AdjustedStats(hooks, foreseen_ld(*foresight(run))),
     "snip_share": lambda run, hooks: DgradSignalShare(hooks),
     "snip_struct": lambda run, hooks: StructuredLD(hooks),
-    "snip_trend": lambda run, hooks: TrendedStats(hooks, run.interval, curvature_at(run.preset, run.phase - run.interval)),
-    "snip_growth": lambda run, hooks: TrendedStats(hooks, run.interval, curvature_at(run.preset, run.phase - run.interval),
-                                                   end_and_growth),
-    "snip_growth_oracle": lambda run, hooks: AdjustedStats(
-        hooks, foreseen_ld(ld_growth(run.preset, run.phase, run.steps), run.interval / run.steps, end_and_growth))}
+    "snip_trend": lambda run, hooks: TrendedStats(hooks, run.interval, curvature_before(run)),
+    "snip_growth": lambda run, hooks: TrendedStats(hooks, run.interval, curvature_before(run), end_and_growth),
+    "snip_growth_oracle": lambda run, hooks: AdjustedStats(hooks, foreseen_ld(*foresight(run), end_and_growth))}
 
 
 def run_quality(run: QualityRun) -> dict:
@@ -1344,12 +1365,12 @@ def bench_quality(args) -> None:
     runs = quality_grid(args)
     cache = CACHE / "quality-runs.json"
     done = json.loads(cache.read_text()) if cache.exists() else {}
-    foresight = any(base_method(r.method) in ("snip_oracle", "snip_growth_oracle") for r in runs)
+    bases = {base_method(r.method) for r in runs}
     for phase in args.phases:  # before the workers start, so that they only read them
         checkpoint(phase, args.preset)
-        if foresight:
+        if bases & set(FORESEEN):
             ld_growth(args.preset, phase, args.steps)
-        if any(base_method(r.method) in ("snip_trend", "snip_growth") for r in runs):
+        if bases & set(TRENDED):
             curvature_at(args.preset, phase - args.interval)
     todo = [r for r in runs if r.key not in done and not args.report_only]
     print(f"quality: {len(runs)} runs, {len(todo)} to train, {args.workers} workers", flush=True)
