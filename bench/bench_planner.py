@@ -910,12 +910,12 @@ SNIP_VARIANTS = {"snip": WITHOUT_SIGNAL_SHARE, "snip_ld": {"terms": "ld", **WITH
                  **{m: {"wd_horizon": "interval", **WITHOUT_SIGNAL_SHARE}
                     for m in ("snip_horizon", "snip_lrs", "snip_cal", "snip_oracle")},
                  **{m: {"wd_horizon": "interval"}
-                    for m in ("snip_signal", "snip_trend", "snip_growth", "snip_growth_oracle", "snip_share",
-                              "snip_struct")},
+                    for m in ("snip_signal", "snip_trend", "snip_growth", "snip_growth_oracle", "snip_growth_to_end",
+                              "snip_share", "snip_struct")},
                  "snip_dir": {"wd_horizon": "interval", "divergence": DivergenceConfig(ld_form="directional")}}
 # SNIP variants whose WD horizon follows the branch's learning-rate decay (SnipPlanner's lr_schedule)
 LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle", "snip_signal", "snip_trend", "snip_growth",
-                "snip_growth_oracle", "snip_share", "snip_struct", "snip_dir")
+                "snip_growth_oracle", "snip_growth_to_end", "snip_share", "snip_struct", "snip_dir")
 # snip_cal: snip_lrs with each backward GEMM's WD times the loss it measurably costs per unit of predicted WD,
 # relative to LD's (bench scale, bench/results/cpu-planner-scale.md: the geometric mean over the three checkpoints
 # of (measured / predicted for the GEMM) / (measured / predicted for fprop) is 1.61-1.68 for dgrad and 0.13-0.16
@@ -955,9 +955,14 @@ FORESIGHT_BATCHES, FORESIGHT_DRAWS = (7, 8), 8
 # snip_growth_oracle: snip_growth with snip_oracle's foresight instead of the extrapolated growth: the layer's growth
 # along the bf16 trajectory over the branch, to the power interval / steps. Whether the price would plan better with
 # a perfect forecast of LD's growth (a diagnostic, not a method)
+# snip_growth_to_end: snip_growth_oracle with the growth from the plan's step to the branch's end instead of over one
+# plan's life. A forward error held early displaces the weights, and the displacement costs by the curvature where the
+# branch ends: the plan made at the checkpoint decides a branch's gap, the re-plan 50 steps later hardly moves it
+# (bench_plan_replay.py), and this price, with the growth over the whole branch, is within 1.1-2.6x of every block's
+# forward cost at the three checkpoints (cpu-planner-forward-train.md). A diagnostic (foresight), not a method
 # the variants that read the LD growth along the bf16 trajectory (ld_growth), and those that extrapolate it from the
 # curvature one interval before the branch (curvature_at)
-FORESEEN, TRENDED = ("snip_oracle", "snip_growth_oracle"), ("snip_trend", "snip_growth")
+FORESEEN, TRENDED = ("snip_oracle", "snip_growth_oracle", "snip_growth_to_end"), ("snip_trend", "snip_growth")
 ABLATION = ("snip_ld", "snip_wd", "snip_lam0.1")
 # a planned method's name + GEMM_SUFFIX: the same method with one precision per GEMM instead of per layer
 GEMM_SUFFIX = "_gemm"
@@ -1210,6 +1215,20 @@ def curvature_before(run: "QualityRun") -> dict[str, float]:
     return curvature_at(run.preset, run.phase - run.interval)
 
 
+class GrowthToEnd(AdjustedStats):
+    """Planner hooks whose planner solves with every layer's curvature times end_and_growth of its growth from the
+    plan's step to the end of a branch of `steps` steps (`growth`: ld_growth over the whole branch, to the power of
+    the share of the branch still ahead; snip_growth_to_end)."""
+
+    def __init__(self, hooks, growth: dict[str, float], steps: int):
+        super().__init__(hooks, adjust=None)
+        self.growth, self.steps = growth, steps
+
+    def adjust_stats(self, stats: PlannerStats, batch) -> PlannerStats:
+        ahead = max(0, self.steps - stats.step) / self.steps
+        return curvature_times(stats, lambda s: end_and_growth(self.growth[s.name] ** ahead))
+
+
 # the diagnostic SNIP variants whose planner solves with adjusted statistics: (run, hooks) -> the hooks that adjust them
 ADJUSTED_STATS = {
     "snip_cal": lambda run, hooks: AdjustedStats(hooks, weighted_wd(CALIBRATED_WD)),
@@ -1218,7 +1237,8 @@ ADJUSTED_STATS = {
     "snip_struct": lambda run, hooks: StructuredLD(hooks),
     "snip_trend": lambda run, hooks: TrendedStats(hooks, run.interval, curvature_before(run)),
     "snip_growth": lambda run, hooks: TrendedStats(hooks, run.interval, curvature_before(run), end_and_growth),
-    "snip_growth_oracle": lambda run, hooks: AdjustedStats(hooks, foreseen_ld(*foresight(run), end_and_growth))}
+    "snip_growth_oracle": lambda run, hooks: AdjustedStats(hooks, foreseen_ld(*foresight(run), end_and_growth)),
+    "snip_growth_to_end": lambda run, hooks: GrowthToEnd(hooks, foresight(run)[0], run.steps)}
 
 
 def run_quality(run: QualityRun) -> dict:
@@ -1410,7 +1430,9 @@ def bench_quality(args) -> None:
           "earlier, what a planner re-planning along the bf16 trajectory would have measured); snip_growth: "
           "snip_signal with each layer's LD at the end of the plan's life plus its growth within it, max(g, 2 g - 1) "
           "times its curvature, g as snip_trend's (the forward error's cost through training: LD(end) - LD(start)); "
-          "snip_growth_oracle: snip_growth with snip_oracle's foresight of g (a diagnostic); "
+          "snip_growth_oracle: snip_growth with snip_oracle's foresight of g (a diagnostic); snip_growth_to_end: "
+          "snip_growth_oracle with g the growth from the plan's step to the branch's end instead of over one interval "
+          "(what an early forward error costs where the branch ends; a diagnostic); "
           "snip_share: "
           "snip_signal with dgrad's WD times the same share (its error, linear in dy, treated as noise that Adam's v "
           "absorbs like wgrad's); snip_struct: snip_signal with each layer's LD along its actual FP4 forward error "

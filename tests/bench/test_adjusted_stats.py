@@ -13,8 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from bench_planner import (AdjustedStats, DgradSignalShare, TrendedStats, end_and_growth, foreseen_ld,  # noqa: E402
-                           life_mean, weighted_wd)
+from bench_planner import (AdjustedStats, DgradSignalShare, GrowthToEnd, TrendedStats, end_and_growth,  # noqa: E402
+                           foreseen_ld, life_mean, weighted_wd)
 from planner.cost import LayerShape  # noqa: E402
 from planner.stats import LayerStats, PlannerStats  # noqa: E402
 
@@ -82,6 +82,19 @@ def test_foreseen_ld_fails_on_a_layer_without_a_growth():
     AdjustedStats(hooks, foreseen_ld({"l0": 2.0}, power=1.0)).on_setup(model=None, opt=None)
     with pytest.raises(KeyError, match="l1"):
         hooks.planner.measure("batch")
+
+
+def test_growth_to_end_prices_each_plan_by_the_growth_still_ahead_of_it():
+    hooks = _Hooks()
+    wrapped = GrowthToEnd(hooks, {"l0": 16.0, "l1": 0.25}, steps=100)  # the growth over the whole branch
+    wrapped.on_setup(model=None, opt=None)
+    first = hooks.planner.measure("batch", 0).by_name()  # all of it ahead: end_and_growth(16) = 31, (0.25) = 0.25
+    assert (first["l0"].curvature, first["l1"].curvature) == (2.0 * 31.0, 3.0 * 0.25)
+    assert (first["l0"].s_dgrad, first["l0"].s_wgrad, first["l0"].errors) == (3.0, 5.0, _stats().layers[0].errors)
+    half = hooks.planner.measure("batch", 50).by_name()  # half of it ahead: 16 ** 0.5 = 4 -> 7, 0.25 ** 0.5 = 0.5
+    assert (half["l0"].curvature, half["l1"].curvature) == (2.0 * 7.0, 3.0 * 0.5)
+    end = hooks.planner.measure("batch", 120).by_name()  # past the end: nothing ahead
+    assert (end["l0"].curvature, end["l1"].curvature) == (2.0, 3.0)
 
 
 def test_life_mean_is_the_mean_of_a_geometric_growth_over_the_interval():
