@@ -40,6 +40,8 @@ import bench_planner as bp  # noqa: E402
 from planner.baselines import block_index  # noqa: E402
 
 FIRST_BATCH_SEED = 100  # the measured batches: calibration_batch(100 + i), none of them the calibration batch
+
+
 def plan_sets(path: Path, preset: str, phase: int, names: list[str]) -> dict[str, dict]:
     """{method: {"fp4": its first plan's FP4 forward GEMMs at seed 0, "gap": its mean trained gap to bf16}} from a
     quality results file, for the runs from this checkpoint ("method @budget" where the file holds several budgets)."""

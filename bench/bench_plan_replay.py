@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import json
 import multiprocessing
-import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -51,14 +50,14 @@ class ReplayedPlans:
 
 @dataclasses.dataclass(frozen=True)
 class Mix:
-    """Seed `seed`'s branch with `first`'s plan at step 0 and `then`'s plans after it."""
+    """The branch of `first` (a quality-grid run) with its own plan at step 0 and method `then`'s plans after it."""
 
     first: bp.QualityRun
-    then: bp.QualityRun
+    then: str
 
     @property
     def key(self) -> str:
-        return f"{self.first.key}+{self.then.method}"
+        return f"{self.first.key}+{self.then}"
 
 
 def source_run(args, method: str, seed: int) -> bp.QualityRun:
@@ -104,7 +103,7 @@ def rows(args, done: dict, mixes: list[Mix], sources: dict[str, dict]) -> list[d
     """Per mix: the gap per seed to bf16, and the paired differences to the branches of its two methods."""
     out = []
     for first, then in args.mixes:
-        per_seed = [m for m in mixes if (m.first.method, m.then.method) == (first, then)]
+        per_seed = [m for m in mixes if (m.first.method, m.then) == (first, then)]
         loss = [done[m.key] for m in per_seed]
         bf16 = [sources[source_run(args, "bf16", m.first.seed).key]["final_val_loss"] for m in per_seed]
         own = {method: [sources[source_run(args, method, m.first.seed).key]["final_val_loss"] for m in per_seed]
@@ -114,8 +113,7 @@ def rows(args, done: dict, mixes: list[Mix], sources: dict[str, dict]) -> list[d
         row["mean_gap"], row["se_gap"] = bp.mean_se(gaps)
         for label, method in (("vs_first", first), ("vs_then", then)):
             row[label], row[label + "_se"] = bp.mean_se([v - o for v, o in zip(loss, own[method])])
-        for method in (first, then):
-            row.setdefault("own_gaps", {})[method] = bp.mean_se([o - b for o, b in zip(own[method], bf16)])
+        row["own_gaps"] = {method: bp.mean_se([o - b for o, b in zip(own[method], bf16)]) for method in (first, then)}
         out.append(row)
     return out
 
@@ -168,13 +166,15 @@ def main() -> None:
             sources[r.key] = result
             bp.save_run(cache, r.key, result)
             print(f"{r.key}: val {result['final_val_loss']:.4f} (source run)", flush=True)
-        mixes = [Mix(source_run(args, first, s), source_run(args, then, s)) for first, then in args.mixes
-                 for s in args.seeds]
+        mixes = [Mix(source_run(args, first, s), then) for first, then in args.mixes for s in args.seeds]
         replay_cache = bp.CACHE / "plan-replays.json"
         done = json.loads(replay_cache.read_text()) if replay_cache.exists() else {}
         todo = [m for m in mixes if m.key not in done]
-        jobs = [(m.first, mixed_plans(plan_steps(sources[m.first.key], m.first), plan_steps(sources[m.then.key], m.then)))
-                for m in todo]
+        jobs = []
+        for m in todo:
+            then = source_run(args, m.then, m.first.seed)
+            jobs.append((m.first, mixed_plans(plan_steps(sources[m.first.key], m.first),
+                                              plan_steps(sources[then.key], then))))
         for m, loss in zip(todo, pool.map(replay, jobs)):
             done[m.key] = loss
             bp.save_run(replay_cache, m.key, loss)

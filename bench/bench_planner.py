@@ -1238,7 +1238,7 @@ ADJUSTED_STATS = {
     "snip_trend": lambda run, hooks: TrendedStats(hooks, run.interval, curvature_before(run)),
     "snip_growth": lambda run, hooks: TrendedStats(hooks, run.interval, curvature_before(run), end_and_growth),
     "snip_growth_oracle": lambda run, hooks: AdjustedStats(hooks, foreseen_ld(*foresight(run), end_and_growth)),
-    "snip_growth_to_end": lambda run, hooks: GrowthToEnd(hooks, foresight(run)[0], run.steps)}
+    "snip_growth_to_end": lambda run, hooks: GrowthToEnd(hooks, ld_growth(run.preset, run.phase, run.steps), run.steps)}
 
 
 def run_quality(run: QualityRun) -> dict:
