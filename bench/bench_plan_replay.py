@@ -1,7 +1,10 @@
-"""Which of a branch's plans decides its gap: the quality grid's branches trained again with their plans mixed.
+"""Which of a branch's plans decides its gap, and what a plan's GEMMs buy: the quality grid's branches trained again
+with their plans mixed or changed.
 
     python bench/bench_plan_replay.py --phase 100 --budget 0.8 --seeds 0,1,2,3,4,5,6,7,8,9 \\
         --mixes snip_signal_gemm+snip_ld_gemm,snip_ld_gemm+snip_signal_gemm --workers 2
+    python bench/bench_plan_replay.py --phase 100 --budget 0.8 --seeds 0,1,2,3,4,5,6,7,8,9 \\
+        --changes snip_signal_gemm:reseed,snip_signal_gemm:bwd_fp4 --workers 2
 
 A planned branch of the quality grid (bench_planner.py quality) installs a plan at its first step and re-plans every
 `--interval` steps. The mix "A+B" trains seed s's branch again, from the same checkpoint on the same batches, with
@@ -10,6 +13,12 @@ interval, 2 interval, ...), installed as fixed plans at the steps they were made
 are read from the quality grid's cached runs, which are trained first where missing. A method's own plans replayed
 (A+A) give its branch back bit for bit (tests/bench/test_plan_replay.py), so every mix is paired with the grid's
 branches of A and B: where A+B lands on A, the first plan decides the gap; where it lands on B, the later ones.
+
+A change "A:C" trains A's branch again with A's own plans changed by C (CHANGES): "reseed" keeps the plans and gives
+every layer another stochastic-rounding seed, so that only the rounding bits differ from A's branch. How far that moves
+a branch is the grid's noise floor: two plans whose paired difference is within it are not told apart by these seeds.
+The others move some GEMMs of A's first plan (the one that decides a branch) to another precision: what those GEMMs in
+FP8 buy, paired on the same batches and state, where A's own gap is all they can be compared with.
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ import argparse
 import dataclasses
 import json
 import multiprocessing
+import re
+import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -28,20 +39,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_planner as bp  # noqa: E402
 from planner import Plan  # noqa: E402
-from snip_ops import convert  # noqa: E402
+from snip_ops import SnipLinear, convert  # noqa: E402
 
 
 class ReplayedPlans:
     """Hooks for `bench_planner.continue_from` that install fixed plans ({step: {layer: precision}}) at their steps,
-    on the model the planner's hooks would have converted (SnipLinear layers, bf16 until the first plan)."""
+    on the model the planner's hooks would have converted (SnipLinear layers, bf16 until the first plan), with every
+    layer's stochastic-rounding seed shifted by `seed_shift` (0: the seeds the planned branch had)."""
 
-    def __init__(self, plans: dict[int, dict]):
+    def __init__(self, plans: dict[int, dict], seed_shift: int = 0):
         if 0 not in plans:
             raise ValueError(f"a replay needs a plan at step 0, got plans at steps {sorted(plans)}")
-        self.plans = plans
+        self.plans, self.seed_shift = plans, seed_shift
 
     def on_setup(self, model, opt) -> None:
         convert(model)
+        for layer in model.modules():
+            if isinstance(layer, SnipLinear):
+                layer.seed += self.seed_shift
 
     def on_step(self, step, model, batch) -> None:
         if step in self.plans:
@@ -58,6 +73,60 @@ class Mix:
     @property
     def key(self) -> str:
         return f"{self.first.key}+{self.then}"
+
+
+# A change's GEMMs: (layer FQN pattern, GEMMs, the precision they get in the first plan). Block 0 is the embedding's
+# neighbour, whose backward GEMMs SNIP's early plans keep in FP8; the deeper blocks' forward GEMMs are what LD alone
+# keeps instead (README, "Which plan decides a branch").
+MOVED_GEMMS = {"bwd_fp4": (r"\.layers\.\d+\.", ("dgrad", "wgrad"), "fp4"),
+               "block0_bwd_fp4": (r"\.layers\.0\.", ("dgrad", "wgrad"), "fp4"),
+               "deep_fwd_fp4": (r"\.layers\.(?!0\.)\d+\.", ("fprop",), "fp4")}
+CHANGES = ("reseed", *MOVED_GEMMS)
+RESEED_SHIFT = 1_000_003  # added to every layer's seed: another Philox stream for every rounding
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """The branch of `run` (a quality-grid run) replayed with its own plans changed by `change` (CHANGES)."""
+
+    run: bp.QualityRun
+    change: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.run.key}~{self.change}"
+
+
+def per_gemm(precision) -> dict[str, str]:
+    """A plan's precision of one layer (one name for all three GEMMs, or one per GEMM) as one per GEMM."""
+    return dict(precision) if isinstance(precision, dict) else {g: precision for g in ("fprop", "dgrad", "wgrad")}
+
+
+def moved(plan: dict, change: str) -> dict:
+    """`plan` ({layer: precision}) with the GEMMs of MOVED_GEMMS[change] at that change's precision."""
+    pattern, gemms, to = MOVED_GEMMS[change]
+    out = {}
+    for name, precision in plan.items():
+        precision = per_gemm(precision)
+        if re.search(pattern, name):
+            precision = {g: to if g in gemms else p for g, p in precision.items()}
+        out[name] = precision
+    return out
+
+
+def changed_plans(plans: dict[int, dict], change: str) -> dict[int, dict]:
+    """A branch's plans changed: the same ones for "reseed", else the first one's GEMMs moved."""
+    if change == "reseed":
+        return plans
+    return {step: moved(plan, change) if step == 0 else plan for step, plan in plans.items()}
+
+
+def parse_change(text: str) -> tuple[str, str]:
+    method, sep, change = text.partition(":")
+    if not sep or change not in CHANGES:
+        raise argparse.ArgumentTypeError(f"a change is METHOD:CHANGE, CHANGE one of {', '.join(CHANGES)}; got {text!r}")
+    parse_mix(f"{method}+{method}")  # a planned method of the grid that re-plans every interval
+    return method, change
 
 
 def source_run(args, method: str, seed: int) -> bp.QualityRun:
@@ -79,11 +148,12 @@ def mixed_plans(first: dict[int, dict], then: dict[int, dict]) -> dict[int, dict
     return {step: first[step] if step == 0 else then[step] for step in then}
 
 
-def replay(job: tuple[bp.QualityRun, dict[int, dict]]) -> float:
-    """Train one mixed branch (in a worker process: one torch thread); its final validation loss."""
-    run, plans = job
+def replay(job: tuple[bp.QualityRun, dict[int, dict], int]) -> float:
+    """Train one replayed branch (in a worker process: one torch thread); its final validation loss."""
+    run, plans, seed_shift = job
     torch.set_num_threads(1)
-    summary = bp.continue_from(bp.checkpoint(run.phase, run.preset), run.steps, run.seed, hooks=ReplayedPlans(plans),
+    summary = bp.continue_from(bp.checkpoint(run.phase, run.preset), run.steps, run.seed,
+                               hooks=ReplayedPlans(plans, seed_shift),
                                evals=max(1, run.steps // run.interval), eval_batches=run.eval_batches)
     return summary["final_val_loss"]
 
@@ -118,20 +188,53 @@ def rows(args, done: dict, mixes: list[Mix], sources: dict[str, dict]) -> list[d
     return out
 
 
-def markdown(args, table: list[dict]) -> str:
+def change_rows(args, done: dict, changes: list[Change], sources: dict[str, dict]) -> list[dict]:
+    """Per change: the gap per seed to bf16, and the paired difference to the method's own branch."""
+    out = []
+    for method, change in args.changes:
+        per_seed = [c for c in changes if (c.run.method, c.change) == (method, change)]
+        loss = [done[c.key] for c in per_seed]
+        bf16 = [sources[source_run(args, "bf16", c.run.seed).key]["final_val_loss"] for c in per_seed]
+        own = [sources[c.run.key]["final_val_loss"] for c in per_seed]
+        gaps = [v - b for v, b in zip(loss, bf16)]
+        row = {"method": method, "change": change, "seeds": [c.run.seed for c in per_seed], "gap_per_seed": gaps,
+               "own_gap": bp.mean_se([o - b for o, b in zip(own, bf16)])}
+        row["mean_gap"], row["se_gap"] = bp.mean_se(gaps)
+        row["vs_own"], row["vs_own_se"] = bp.mean_se([v - o for v, o in zip(loss, own)])
+        row["vs_own_sd"] = statistics.stdev([v - o for v, o in zip(loss, own)]) if len(own) > 1 else 0.0
+        out.append(row)
+    return out
+
+
+def markdown(args, table: list[dict], changes: list[dict]) -> str:
     md = [f"Preset {args.preset}, the quality grid's {args.phase}-step checkpoint at {100 * args.budget:g}% FP4: "
           f"{args.steps}-step branches re-planned every {args.interval} steps (cosine decay to lr/10), seeds "
-          f"{args.seeds}, {args.eval_batches} validation batches. A+B: A's plan from step 0, B's from step "
-          f"{args.interval} on, replayed as fixed plans on the same batches as the grid's branches of A and B (paired). "
-          "Gap: final validation loss minus the bf16 branch's, mean +- standard error; vs A, vs B: the mean paired "
-          "difference to A's and to B's own branch. Near 0 against A: the first plan decides the gap; against B: "
-          "the later ones.", "",
-          "| mix (first + then) | gap per seed | gap | A's own gap | B's own gap | vs A | vs B |", "|---|---|---|---|---|---|---|"]
+          f"{args.seeds}, {args.eval_batches} validation batches. Gap: final validation loss minus the bf16 branch's, "
+          "mean +- standard error."]
+    if table:
+        md += ["", f"A+B: A's plan from step 0, B's from step {args.interval} on, replayed as fixed plans on the same "
+               "batches as the grid's branches of A and B (paired). vs A, vs B: the mean paired difference to A's and "
+               "to B's own branch. Near 0 against A: the first plan decides the gap; against B: the later ones.", "",
+               "| mix (first + then) | gap per seed | gap | A's own gap | B's own gap | vs A | vs B |",
+               "|---|---|---|---|---|---|---|"]
     for r in table:
         (a, a_se), (b, b_se) = r["own_gaps"][r["first"]], r["own_gaps"][r["then"]]
         md.append(f"| {r['first']} + {r['then']} | " + ", ".join(f"{g:+.4f}" for g in r["gap_per_seed"])
                   + f" | {r['mean_gap']:+.4f} +- {r['se_gap']:.4f} | {a:+.4f} +- {a_se:.4f} | {b:+.4f} +- {b_se:.4f} | "
                   f"{r['vs_first']:+.4f} +- {r['vs_first_se']:.4f} | {r['vs_then']:+.4f} +- {r['vs_then_se']:.4f} |")
+    if changes:
+        md += ["", "A:C: A's own plans changed by C, replayed on the same batches as A's branch (paired). reseed: the "
+               "same plans, every layer's stochastic-rounding seed another, so only the rounding bits differ (the noise "
+               "floor of a paired comparison); " + "; ".join(
+                   f"{c}: the first plan's {'/'.join(g)} GEMMs of the layers matching `{pat}` in {to.upper()}"
+                   for c, (pat, g, to) in MOVED_GEMMS.items())
+               + ". vs A: the mean paired difference to A's own branch (+- standard error; sd: the per-seed spread).",
+               "", "| A:C | gap per seed | gap | A's own gap | vs A | sd of vs A |", "|---|---|---|---|---|---|"]
+    for r in changes:
+        own, own_se = r["own_gap"]
+        md.append(f"| {r['method']}:{r['change']} | " + ", ".join(f"{g:+.4f}" for g in r["gap_per_seed"])
+                  + f" | {r['mean_gap']:+.4f} +- {r['se_gap']:.4f} | {own:+.4f} +- {own_se:.4f} | "
+                  f"{r['vs_own']:+.4f} +- {r['vs_own_se']:.4f} | {r['vs_own_sd']:.4f} |")
     return "\n".join(md)
 
 
@@ -144,17 +247,21 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100, help="branch length (default: %(default)s)")
     p.add_argument("--interval", type=int, default=50, help="re-plan interval (default: %(default)s)")
     p.add_argument("--eval-batches", type=int, default=64, help="validation batches (default: %(default)s)")
-    p.add_argument("--mixes", type=lambda s: [parse_mix(m) for m in s.split(",")], required=True,
+    p.add_argument("--mixes", type=lambda s: [parse_mix(m) for m in s.split(",")], default=[],
                    help="FIRST+THEN,...: the method whose first plan and the one whose later plans a branch gets")
+    p.add_argument("--changes", type=lambda s: [parse_change(c) for c in s.split(",")], default=[],
+                   help=f"METHOD:CHANGE,...: a method's own plans changed, CHANGE one of {', '.join(CHANGES)}")
     p.add_argument("--workers", type=int, default=1, help="worker processes, one thread each")
     p.add_argument("--name", default="plan-replay", help="results file stem cpu-planner-<name>")
     p.add_argument("--results", type=Path, default=None, help="where the results go (default: bench/results)")
     args = p.parse_args()
-    if args.steps <= args.interval:
+    if not args.mixes and not args.changes:
+        p.error("nothing to replay: pass --mixes, --changes or both")
+    if args.mixes and args.steps <= args.interval:
         p.error(f"--steps ({args.steps}) must exceed --interval ({args.interval}): a branch with one plan has no mix")
     if args.results is not None:
         bp.RESULTS = args.results
-    methods = sorted({"bf16", *(m for mix in args.mixes for m in mix)})
+    methods = sorted({"bf16", *(m for mix in args.mixes for m in mix), *(m for m, _ in args.changes)})
     runs = [source_run(args, m, s) for m in methods for s in args.seeds]
     cache = bp.CACHE / "quality-runs.json"
     sources = json.loads(cache.read_text()) if cache.exists() else {}
@@ -169,20 +276,28 @@ def main() -> None:
         mixes = [Mix(source_run(args, first, s), then) for first, then in args.mixes for s in args.seeds]
         replay_cache = bp.CACHE / "plan-replays.json"
         done = json.loads(replay_cache.read_text()) if replay_cache.exists() else {}
-        todo = [m for m in mixes if m.key not in done]
-        jobs = []
-        for m in todo:
-            then = source_run(args, m.then, m.first.seed)
-            jobs.append((m.first, mixed_plans(plan_steps(sources[m.first.key], m.first),
-                                              plan_steps(sources[then.key], then))))
+        changes = [Change(source_run(args, method, s), change) for method, change in args.changes for s in args.seeds]
+        todo, jobs = [], []
+        for m in mixes:
+            if m.key not in done:
+                then = source_run(args, m.then, m.first.seed)
+                todo.append(m)
+                jobs.append((m.first, mixed_plans(plan_steps(sources[m.first.key], m.first),
+                                                  plan_steps(sources[then.key], then)), 0))
+        for c in changes:
+            if c.key not in done:
+                todo.append(c)
+                jobs.append((c.run, changed_plans(plan_steps(sources[c.run.key], c.run), c.change),
+                             RESEED_SHIFT if c.change == "reseed" else 0))
         for m, loss in zip(todo, pool.map(replay, jobs)):
             done[m.key] = loss
             bp.save_run(replay_cache, m.key, loss)
             print(f"{m.key}: val {loss:.4f}", flush=True)
-    table = rows(args, done, mixes, sources)
+    table, changed = rows(args, done, mixes, sources), change_rows(args, done, changes, sources)
     bp.write(args.name, {"preset": args.preset, "phase": args.phase, "budget": args.budget, "steps": args.steps,
                          "interval": args.interval, "eval_batches": args.eval_batches, "seeds": args.seeds,
-                         "rows": table, "replays": {m.key: done[m.key] for m in mixes}}, markdown(args, table))
+                         "rows": table, "changes": changed, "replays": {m.key: done[m.key] for m in mixes + changes}},
+             markdown(args, table, changed))
 
 
 if __name__ == "__main__":

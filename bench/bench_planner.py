@@ -1325,8 +1325,10 @@ def quality_table(runs: list[QualityRun], done: dict, budgets, phases, seeds) ->
 
 def quality_verdicts(table: dict, claim: str = "snip") -> dict:
     """Per cell: is the `claim` method's mean gap below every heuristic's (per layer or per GEMM), its margin to
-    the best one (with the standard error of the per-seed paired differences), and on how many seeds it is
-    below every heuristic."""
+    the best one (with the standard error of the per-seed paired differences), whether it is below every one by
+    more than two standard errors of that paired difference (resolved: a mean below by less is within what the
+    seeds' rounding bits alone move a branch, bench_plan_replay.py's reseed), and on how many seeds it is below
+    every heuristic."""
     out = {}
     for key, cell in table.items():
         if claim not in cell:
@@ -1336,11 +1338,12 @@ def quality_verdicts(table: dict, claim: str = "snip") -> dict:
             continue
         best = min(rivals, key=lambda m: cell[m]["mean_gap"])
         mine = cell[claim]
-        paired = [b - g for b, g in zip(cell[best]["gap_per_seed"], mine["gap_per_seed"])]
+        margins = {m: mean_se([b - g for b, g in zip(cell[m]["gap_per_seed"], mine["gap_per_seed"])]) for m in rivals}
         out[key] = {"claim": claim, "below_every_heuristic": all(mine["mean_gap"] < cell[m]["mean_gap"] for m in rivals),
-                    "best_heuristic": best,
+                    "resolved_below_every_heuristic": all(d > 2 * se for d, se in margins.values()),
+                    "margins": margins, "best_heuristic": best,
                     "margin_to_best_heuristic": cell[best]["mean_gap"] - mine["mean_gap"],
-                    "margin_standard_error": statistics.stdev(paired) / math.sqrt(len(paired)) if len(paired) > 1 else 0.0,
+                    "margin_standard_error": margins[best][1],
                     "seeds_below_every_heuristic": sum(all(mine["gap_per_seed"][i] < cell[m]["gap_per_seed"][i]
                                                            for m in rivals) for i in range(len(mine["gap_per_seed"])))}
     return out
@@ -1464,7 +1467,8 @@ def bench_quality(args) -> None:
             md += ["", f"{args.claim} below every heuristic: {'yes' if v['below_every_heuristic'] else 'NO'}; margin to the "
                    f"best heuristic ({v['best_heuristic']}): {v['margin_to_best_heuristic']:+.4f} +- "
                    f"{v['margin_standard_error']:.4f} (paired per seed, standard error); below every heuristic "
-                   f"on {v['seeds_below_every_heuristic']} of {len(args.seeds)} seeds.", ""]
+                   f"on {v['seeds_below_every_heuristic']} of {len(args.seeds)} seeds; below every heuristic by more "
+                   f"than two standard errors: {'yes' if v['resolved_below_every_heuristic'] else 'NO'}.", ""]
         r = ranks.get(key)
         if r:
             md += [f"{args.claim} against {len(r['draws'])} random plans (mean gaps "

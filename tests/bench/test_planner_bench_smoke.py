@@ -156,6 +156,24 @@ def test_kept_above_fp4_counts_every_plans_gemms_by_kind():
     assert kept_above_fp4([{"plans": []}]) is None and kept_above_fp4([{"plans": [{"precisions": {"a": "fp4"}}]}]) is None
 
 
+def test_quality_verdicts_call_a_margin_resolved_beyond_two_standard_errors_of_every_paired_difference():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_planner import quality_verdicts
+
+    def cell(**gaps):
+        return {m: {"gap_per_seed": g, "mean_gap": sum(g) / len(g)} for m, g in gaps.items()}
+    # below both heuristics on average, but random's paired difference (0.002, -0.001, 0.002) is within 2 SE
+    table = {"100/0.8": cell(snip_gemm=[0.001, 0.003, 0.002], random_gemm=[0.003, 0.002, 0.004],
+                             first_last_gemm=[0.011, 0.013, 0.012], snip_ld_gemm=[0.0, 0.0, 0.0])}
+    v = quality_verdicts(table, "snip_gemm")["100/0.8"]
+    assert v["below_every_heuristic"] and not v["resolved_below_every_heuristic"]
+    assert set(v["margins"]) == {"random_gemm", "first_last_gemm"}  # the ablation is no rival
+    assert v["best_heuristic"] == "random_gemm" and v["margin_standard_error"] == pytest.approx(0.001)
+    assert v["margins"]["first_last_gemm"] == pytest.approx((0.01, 0.0))
+    table["100/0.8"]["random_gemm"] = cell(x=[0.003, 0.0045, 0.0035])["x"]  # 0.0017 +- 0.0002 now
+    assert quality_verdicts(table, "snip_gemm")["100/0.8"]["resolved_below_every_heuristic"]
+
+
 def test_forward_error(tmp_path):
     from snip_ops import SnipLinear, convert
     from snip_train.model import Llama
