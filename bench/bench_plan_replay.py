@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_planner as bp  # noqa: E402
 from planner import Plan  # noqa: E402
 from snip_ops import SnipLinear, convert  # noqa: E402
+from snip_ops.formats import GEMMS, LinearPrecision  # noqa: E402
 
 
 class ReplayedPlans:
@@ -98,8 +99,9 @@ class Change:
 
 
 def per_gemm(precision) -> dict[str, str]:
-    """A plan's precision of one layer (one name for all three GEMMs, or one per GEMM) as one per GEMM."""
-    return dict(precision) if isinstance(precision, dict) else {g: precision for g in ("fprop", "dgrad", "wgrad")}
+    """A plan's precision of one layer (one name for all three GEMMs, or one per GEMM) as one name per GEMM."""
+    precision = LinearPrecision.of(precision)
+    return {g: precision.gemm(g).name for g in GEMMS}
 
 
 def moved(plan: dict, change: str) -> dict:
@@ -169,18 +171,24 @@ def parse_mix(text: str) -> tuple[str, str]:
     return first, then
 
 
+def replayed_gaps(args, seeds: list[int], loss: list[float], sources: dict[str, dict]) -> tuple[list[float], dict]:
+    """The bf16 branches' losses of `seeds`, and a table row's gap fields for replayed losses `loss` on them."""
+    bf16 = [sources[source_run(args, "bf16", s).key]["final_val_loss"] for s in seeds]
+    gaps = [v - b for v, b in zip(loss, bf16)]
+    mean, se = bp.mean_se(gaps)
+    return bf16, {"seeds": seeds, "gap_per_seed": gaps, "mean_gap": mean, "se_gap": se}
+
+
 def rows(args, done: dict, mixes: list[Mix], sources: dict[str, dict]) -> list[dict]:
     """Per mix: the gap per seed to bf16, and the paired differences to the branches of its two methods."""
     out = []
     for first, then in args.mixes:
         per_seed = [m for m in mixes if (m.first.method, m.then) == (first, then)]
         loss = [done[m.key] for m in per_seed]
-        bf16 = [sources[source_run(args, "bf16", m.first.seed).key]["final_val_loss"] for m in per_seed]
+        bf16, gaps = replayed_gaps(args, [m.first.seed for m in per_seed], loss, sources)
         own = {method: [sources[source_run(args, method, m.first.seed).key]["final_val_loss"] for m in per_seed]
                for method in (first, then)}
-        gaps = [v - b for v, b in zip(loss, bf16)]
-        row = {"first": first, "then": then, "seeds": [m.first.seed for m in per_seed], "gap_per_seed": gaps}
-        row["mean_gap"], row["se_gap"] = bp.mean_se(gaps)
+        row = {"first": first, "then": then, **gaps}
         for label, method in (("vs_first", first), ("vs_then", then)):
             row[label], row[label + "_se"] = bp.mean_se([v - o for v, o in zip(loss, own[method])])
         row["own_gaps"] = {method: bp.mean_se([o - b for o, b in zip(own[method], bf16)]) for method in (first, then)}
@@ -194,14 +202,12 @@ def change_rows(args, done: dict, changes: list[Change], sources: dict[str, dict
     for method, change in args.changes:
         per_seed = [c for c in changes if (c.run.method, c.change) == (method, change)]
         loss = [done[c.key] for c in per_seed]
-        bf16 = [sources[source_run(args, "bf16", c.run.seed).key]["final_val_loss"] for c in per_seed]
+        bf16, gaps = replayed_gaps(args, [c.run.seed for c in per_seed], loss, sources)
         own = [sources[c.run.key]["final_val_loss"] for c in per_seed]
-        gaps = [v - b for v, b in zip(loss, bf16)]
-        row = {"method": method, "change": change, "seeds": [c.run.seed for c in per_seed], "gap_per_seed": gaps,
-               "own_gap": bp.mean_se([o - b for o, b in zip(own, bf16)])}
-        row["mean_gap"], row["se_gap"] = bp.mean_se(gaps)
-        row["vs_own"], row["vs_own_se"] = bp.mean_se([v - o for v, o in zip(loss, own)])
-        row["vs_own_sd"] = statistics.stdev([v - o for v, o in zip(loss, own)]) if len(own) > 1 else 0.0
+        vs_own = [v - o for v, o in zip(loss, own)]
+        row = {"method": method, "change": change, **gaps, "own_gap": bp.mean_se([o - b for o, b in zip(own, bf16)])}
+        row["vs_own"], row["vs_own_se"] = bp.mean_se(vs_own)
+        row["vs_own_sd"] = statistics.stdev(vs_own) if len(vs_own) > 1 else 0.0
         out.append(row)
     return out
 
