@@ -14,6 +14,7 @@ What is timed (one kernel launch sequence per call, operands prepared beforehand
   bf16      torch.matmul(a, b.t()) on BF16 tensors (cuBLAS) -- what snip runs for "bf16" layers.
   fp8       snip_C::fp8_gemm_nt_blockwise on prepared operands: E4M3, 1x128 x 128x128 scales
             (fprop, dgrad; BF16 out) or 1x128 x 1x128 (wgrad; FP32 out, as for accumulation).
+  fp8_e5m2grad  the same op on that recipe's operands: E5M2 gradients in dgrad and wgrad.
   fp4       (Hopper) snip_ops.gemm_kernels.qgemm on FP4 (E2M1) operands: the E2M1 -> E4M3
             re-encoding, the scale-layout conversion and the FP8 kernel -- the real per-GEMM cost.
   nvfp4 / mxfp4 / mxfp8   (Blackwell only) the sm_100a kernels on prepared operands.
@@ -162,6 +163,12 @@ def run(args) -> dict:
                     for cfg in [t + extra for t in tiles for extra in ("", ",swizzle=2", ",raster=m", ",raster=n")]:
                         add(configs, f"fp8[{cfg}]", timer(lambda c=cfg: op(ca, sfa, cb, sfb, bb, out_dtype, None, c)), cfg)
                 del ca, sfa, cb, sfb
+                # fp8_e5m2grad: its dgrad and wgrad multiply E5M2 gradients (kernels of their own), fprop as fp8
+                a5, b5 = operands(g, m, n, k, "fp8_e5m2grad", dev)
+                c5a, s5a, c5b, s5b, bb5, _ = gk.prepare_sm90(a5, b5, out_dtype)
+                add(entries, "fp8_e5m2grad", timer(lambda: op(c5a, s5a, c5b, s5b, bb5, out_dtype)),
+                    f"snip CUTLASS sm90, {a5.spec.element.name.upper()} x {b5.spec.element.name.upper()}")
+                del a5, b5, c5a, s5a, c5b, s5b
                 a4, b4 = operands(g, m, n, k, "fp4", dev)
                 add(entries, "fp4", timer(lambda: gk.qgemm(a4, b4, out_dtype=out_dtype, path="sm90_fp4")),
                     "snip sm90_fp4: E2M1 -> E4M3 re-encoding + scale conversion + FP8 kernel")

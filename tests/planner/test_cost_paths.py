@@ -80,13 +80,14 @@ def test_arch_must_be_a_capability():
         TheoreticalCost(arch=(9,))
 
 
-def test_the_h100_gemm_benchmark_prices_a_plan():
-    # bench_gemm's output is the planner's measured cost table (--planner-cost-table): the committed
-    # H100 run reads as one, and prices what that GPU did -- FP8 below BF16 in fprop, FP4 (re-encoded
+@pytest.mark.parametrize("device,table", [("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3-gemm.json"),
+                                          ("NVIDIA H200", "nvidia-h200-gemm.json")])
+def test_a_committed_gemm_benchmark_prices_a_plan(device, table):
+    # bench_gemm's output is the planner's measured cost table (--planner-cost-table): each committed
+    # GPU run reads as one, and prices what that GPU did -- FP8 below BF16 in fprop, FP4 (re-encoded
     # for the FP8 kernel) above it.
-    table = Path(__file__).resolve().parents[2] / "bench" / "results" / "nvidia-h100-80gb-hbm3-gemm.json"
-    cost = MeasuredCost.from_json(table)
-    assert cost.device == "NVIDIA H100 80GB HBM3"
+    cost = MeasuredCost.from_json(Path(__file__).resolve().parents[2] / "bench" / "results" / table)
+    assert cost.device == device
     layer = LayerShape("l", in_features=4096, out_features=4096, tokens=8192)
     bf16, fp8, fp4 = (cost.gemm_cost(layer, "fprop", p) for p in ("bf16", "fp8", "fp4"))
     assert fp8 < bf16 < fp4
