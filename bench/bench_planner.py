@@ -107,6 +107,19 @@ def scale_block_rows() -> list[dict]:
     return json.loads(path.read_text())["rows"] if path.exists() else []
 
 
+def results_json(payload: dict) -> str:
+    """`payload` as indented JSON, except that each raw run under "runs" is one compact line: the runs
+    (every re-plan's per-GEMM precisions) are most of a quality grid's bytes, and indenting them
+    tripled the committed results."""
+    runs = payload.get("runs")
+    rest = {k: v for k, v in payload.items() if k != "runs"}
+    if not isinstance(runs, dict) or not runs:
+        return json.dumps(payload, indent=1)
+    lines = [f"  {json.dumps(key)}: {json.dumps(run, separators=(',', ':'))}" for key, run in runs.items()]
+    head = json.dumps(rest, indent=1)[:-2] + "," if rest else "{"
+    return head + '\n "runs": {\n' + ",\n".join(lines) + "\n }\n}"
+
+
 def write(name: str, payload: dict, markdown: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     argv = list(sys.argv)
@@ -114,7 +127,7 @@ def write(name: str, payload: dict, markdown: str) -> None:
         del argv[argv.index("--results"):argv.index("--results") + 2]
     payload = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(argv),
                "machine": machine(), **payload}
-    (RESULTS / f"cpu-planner-{name}.json").write_text(json.dumps(payload, indent=1))
+    (RESULTS / f"cpu-planner-{name}.json").write_text(results_json(payload))
     (RESULTS / f"cpu-planner-{name}.md").write_text(
         f"# planner bench: {name}\n\n{payload['date']} | `{payload['command']}` | {payload['machine']}\n\n{markdown}\n")
     print(markdown)

@@ -34,16 +34,11 @@ log=bench/results/$slug-gpu-tests.txt
 doctor_rc=${PIPESTATUS[0]}
 workers=()
 worker_env=()
-if "$PY" -c "import xdist" 2>/dev/null; then
-  cores=$(nproc 2>/dev/null || echo 1)
-  n=$(( cores < 8 ? cores : 8 ))
-  workers=(-n $n)
-  # The oracle runs on the CPU: one intra-op thread pool per worker, sized to share the cores (on a
-  # 16-core H100 machine, with torch's default pools, 16 workers ran the quantization tests at 6.3
-  # tests/s and 8 at 10.5, one run each: bench/results/nvidia-h100-80gb-hbm3-gpu-check.json; with
-  # this setting, 8 workers of 2 threads, a 16-core H200 machine ran all 2,679 at 127 tests/s:
-  # bench/results/nvidia-h200-gpu-check.json).
-  worker_env=(OMP_NUM_THREADS=$(( cores / n )))
+n=$(bash scripts/pytest_workers.sh "$PY")
+if [ "$n" -gt 0 ]; then
+  # The oracle runs on the CPU: one intra-op thread pool per worker, sized to share the cores.
+  workers=(-n "$n")
+  worker_env=(OMP_NUM_THREADS=$(( $(nproc) / n )))
 fi
 gpu_tests() {  # pytest -m gpu on the given paths: a line per test into the log, failures on the terminal
   local part=$log.part rc
