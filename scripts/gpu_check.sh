@@ -32,17 +32,10 @@ log=bench/results/$slug-gpu-tests.txt
 } > "$log"
 "$PY" -m snip_train doctor --results bench/results 2>&1 | tee -a "$log"
 doctor_rc=${PIPESTATUS[0]}
-workers=()
-worker_env=()
-n=$(bash scripts/pytest_workers.sh "$PY")
-if [ "$n" -gt 0 ]; then
-  # The oracle runs on the CPU: one intra-op thread pool per worker, sized to share the cores.
-  workers=(-n "$n")
-  worker_env=(OMP_NUM_THREADS=$(( $(nproc) / n )))
-fi
 gpu_tests() {  # pytest -m gpu on the given paths: a line per test into the log, failures on the terminal
   local part=$log.part rc
-  env "${worker_env[@]}" COLUMNS=240 "$PY" -m pytest -m gpu -v -rfEs --tb=short -p no:cacheprovider "${workers[@]}" "$@" >"$part" 2>&1
+  # The oracle runs on the CPU: scripts/pytest_parallel.sh spreads the tests over the cores.
+  COLUMNS=240 bash scripts/pytest_parallel.sh "$PY" -m gpu -v -rfEs --tb=short -p no:cacheprovider "$@" >"$part" 2>&1
   rc=$?
   cat "$part" >>"$log"
   grep -E "^(FAILED|ERROR) tests/|^=+ .*(passed|failed|error|skipped|no tests ran)" "$part" | tail -40
