@@ -914,7 +914,8 @@ HEURISTICS = ("uniform_fp4", "first_last", "layer_type", "min_rel_error", "min_a
 # SNIP as the paper has it (WD settled), its two terms alone and a smaller weight of WD (the ablation), as
 # PlannerConfig fields; snip_horizon: WD as the excess loss within one re-plan interval; snip_signal: that with
 # wgrad's WD times Adam's signal share (divergence.py, "Adam's signal share"); snip_dir: that with the directional LD
-# (divergence.py, "Directional LD"). The planner's defaults are snip_signal_gemm; snip_signal_gemm and snip_lrs_gemm
+# (divergence.py, "Directional LD"); snip_end: snip_signal with WD as the excess loss the plan's noise leaves at the
+# branch's end (wd_horizon "run_end", planner.horizon). The planner's defaults are snip_signal_gemm; snip_signal_gemm and snip_lrs_gemm
 # are planned as `snip train` plans, along the run's learning rates. Every variant but snip_signal and the ones built
 # on it prices wgrad without the signal share, as the planner did before it.
 WITHOUT_SIGNAL_SHARE = {"divergence": DivergenceConfig(wgrad_signal_share=False)}
@@ -925,10 +926,11 @@ SNIP_VARIANTS = {"snip": WITHOUT_SIGNAL_SHARE, "snip_ld": {"terms": "ld", **WITH
                  **{m: {"wd_horizon": "interval"}
                     for m in ("snip_signal", "snip_trend", "snip_growth", "snip_growth_oracle", "snip_growth_to_end",
                               "snip_share", "snip_struct")},
-                 "snip_dir": {"wd_horizon": "interval", "divergence": DivergenceConfig(ld_form="directional")}}
+                 "snip_dir": {"wd_horizon": "interval", "divergence": DivergenceConfig(ld_form="directional")},
+                 "snip_end": {"wd_horizon": "run_end"}}
 # SNIP variants whose WD horizon follows the branch's learning-rate decay (SnipPlanner's lr_schedule)
 LR_SCHEDULED = ("snip_lrs", "snip_cal", "snip_oracle", "snip_signal", "snip_trend", "snip_growth",
-                "snip_growth_oracle", "snip_growth_to_end", "snip_share", "snip_struct", "snip_dir")
+                "snip_growth_oracle", "snip_growth_to_end", "snip_share", "snip_struct", "snip_dir", "snip_end")
 # snip_cal: snip_lrs with each backward GEMM's WD times the loss it measurably costs per unit of predicted WD,
 # relative to LD's (bench scale, bench/results/cpu-planner-scale.md: the geometric mean over the three checkpoints
 # of (measured / predicted for the GEMM) / (measured / predicted for fprop) is 1.61-1.68 for dgrad and 0.13-0.16
@@ -1456,7 +1458,11 @@ def bench_quality(args) -> None:
           "the same energy) at every re-plan, as its curvature times that over LD in FP4; snip_dir: snip_signal with "
           "the directional LD (the same form per position, on the statistics pass's sampled rows, for every "
           "precision: divergence.py, \"Directional LD\"); every other variant prices the forward error as isotropic "
-          f"noise; *{GEMM_SUFFIX}: one precision per GEMM (forward, dgrad, wgrad) instead of per layer; the planner's "
+          "noise; snip_end: snip_signal with WD as the excess loss the plan's gradient noise leaves at the branch's end "
+          "(wd_horizon 'run_end': the noise of the plan's life, contracting without more of it along the schedule's "
+          "later steps: planner.horizon), not at the plan's end; every other variant prices WD at the plan's end or "
+          "settled; "
+          f"*{GEMM_SUFFIX}: one precision per GEMM (forward, dgrad, wgrad) instead of per layer; the planner's "
           f"defaults are snip_signal{GEMM_SUFFIX}, as snip train plans; *{DRIFT_SUFFIX}: re-plans spaced by the drift trigger (regret "
           f"threshold {DRIFT:g}, from {drift_schedule(args.interval).min_interval} up to {args.interval} steps apart) "
           "instead of every interval. Above FP4: of the GEMMs a method's plans keep above FP4 (every re-plan, every "

@@ -85,7 +85,9 @@ centred empirical Fisher: the Gauss-Newton diagonal in expectation when the labe
 the positions are independent; positively correlated positions (tokens of one sequence) read it larger,
 so the horizon saturates sooner and WD leans towards its settled value. Given the learning rates of the
 horizon's steps (`measure`'s lr_ratios: a schedule's decay), the factor 1 - exp(-2 T lr D_i G_ii) becomes
-its counterpart under that schedule (planner.horizon).
+its counterpart under that schedule (planner.horizon). With the schedule's steps after the horizon too
+(`lr_after`), WD is the excess loss the plan's noise leaves at the run's end (planner.horizon): the stiff
+directions forget it after the plan's life, the flat ones keep it.
 
 Adam's signal share.  WD prices gradient noise at a fixed preconditioner D = 1/(sqrt(v_hat) + eps). But
 Adam divides by the sqrt(v) of the noisy gradient, and in a direction where v is mostly noise (v = mu^2 +
@@ -462,13 +464,17 @@ def measure(model: nn.Module, layers: Mapping[str, nn.Linear], optimizer: torch.
             loss_fn: LossFn, candidates: Iterable[str], stats_config: StatsConfig = StatsConfig(),
             config: DivergenceConfig = DivergenceConfig(), step: int | None = None,
             logits_fn: LogitsFn | None = None, gradient_noise: bool = False,
-            lr_ratios: Sequence[float] | None = None) -> PlannerStats:
+            lr_ratios: Sequence[float] | None = None, lr_after: float = 0.0) -> PlannerStats:
     """Statistics -> quantization errors -> LD and WD sensitivities for every layer in `layers`.
     `logits_fn` enables the Fisher loss curvature (DivergenceConfig.method "auto" / "fisher");
     `gradient_noise` adds diagnostics["gradient_noise_loss"] (stats.gradient_noise_loss, a tensor batch);
     `lr_ratios`, the learning rate at each of the horizon's `wd_horizon` steps relative to the current one,
-    prices WD's horizon under that schedule (planner.horizon) instead of at a constant learning rate."""
+    prices WD's horizon under that schedule (planner.horizon) instead of at a constant learning rate; `lr_after`,
+    the sum of those ratios over the run's steps after the horizon, prices WD at the run's end instead of the
+    horizon's (planner.horizon, "The excess loss at the run's end")."""
     candidates = tuple(candidates)
+    if lr_after and lr_ratios is None:
+        raise ValueError("lr_after continues the horizon's schedule: pass lr_ratios too")
     if lr_ratios is not None:
         if config.wd_horizon is None:
             raise ValueError("lr_ratios schedule WD's horizon: set DivergenceConfig.wd_horizon")
@@ -519,7 +525,7 @@ def measure(model: nn.Module, layers: Mapping[str, nn.Linear], optimizer: torch.
         if not fisher_diagonal:  # the linear layers' rows are the positions the loss averages over
             positions = next(iter(rec.layers.values())).shape.tokens
             gn = {p: positions * v for p, v in variance.items()}
-        table = HorizonTable(lr_ratios) if lr_ratios is not None else None
+        table = HorizonTable(lr_ratios, lr_after) if lr_ratios is not None else None
         horizon = {}
         for p, c in weights.items():  # no gradient on this batch: G_ii = 0
             g = gn.get(p, 0.0)

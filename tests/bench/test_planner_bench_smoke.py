@@ -23,7 +23,7 @@ def test_quality_grid(tmp_path):
            "--interval", "1", "--methods", "bf16,snip,snip_ld,layer_type,uniform_fp4,snip_horizon_gemm,layer_type_gemm,"
            "random_gemm,random1_gemm,snip_horizon_drift_gemm,layer_type_drift_gemm,snip_cal_gemm,snip_oracle_gemm,"
            "snip_signal_gemm,snip_trend_gemm,snip_growth_gemm,snip_growth_oracle_gemm,snip_growth_to_end_gemm,"
-           "snip_share_gemm,snip_struct_gemm,snip_dir_gemm",
+           "snip_share_gemm,snip_struct_gemm,snip_dir_gemm,snip_end_gemm",
            "--claim", "snip_horizon_gemm", "--workers", "2", "--eval-batches", "2")
     out = json.loads((tmp_path / "cpu-planner-quality.json").read_text())
     cell = out["table"]["2/0.75"]
@@ -31,7 +31,7 @@ def test_quality_grid(tmp_path):
                          "random_gemm", "random1_gemm", "snip_horizon_drift_gemm", "layer_type_drift_gemm", "snip_cal_gemm",
                          "snip_oracle_gemm", "snip_signal_gemm", "snip_trend_gemm", "snip_growth_gemm",
                          "snip_growth_oracle_gemm", "snip_growth_to_end_gemm", "snip_share_gemm", "snip_struct_gemm",
-                         "snip_dir_gemm"}
+                         "snip_dir_gemm", "snip_end_gemm"}
     rank = out["random_ranks"]["2/0.75"]
     assert rank["draws"] == ["random1_gemm", "random_gemm"] and 0 <= rank["below_draws"] <= 2
     assert "random1_gemm" not in (v["best_heuristic"] for v in out["verdicts"].values())  # a draw, not a rival

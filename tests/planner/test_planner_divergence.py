@@ -371,6 +371,16 @@ def test_horizon_wd_follows_the_learning_rate_schedule():
         measure(**kw, lr_ratios=[1.0] * 3)
     with pytest.raises(ValueError, match="set DivergenceConfig.wd_horizon"):
         measure(**{**kw, "config": DivergenceConfig(draws=2)}, lr_ratios=[1.0] * 10)
+    # the excess loss carried to the run's end through many noise-free steps: far less (wgrad without the signal
+    # share, whose layer weights would move too; dgrad's Monte Carlo estimate drops by orders of magnitude), LD
+    # unchanged
+    kw["config"] = DivergenceConfig(draws=2, wd_horizon=10, wgrad_signal_share=False)
+    horizon_end = measure(**kw, lr_ratios=[1 - 0.09 * t for t in range(10)])
+    at_end = measure(**kw, lr_ratios=[1 - 0.09 * t for t in range(10)], lr_after=1e5)
+    for d, e in zip(horizon_end.layers, at_end.layers):
+        assert 0 < e.s_wgrad < d.s_wgrad and 0 < e.s_dgrad < d.s_dgrad and e.curvature == d.curvature
+    with pytest.raises(ValueError, match="pass lr_ratios too"):
+        measure(**kw, lr_after=5.0)
 
 
 def test_horizon_wd_needs_loss_units_and_a_batch_to_halve_without_logits():

@@ -1,5 +1,6 @@
 """WD's horizon under a learning-rate schedule (planner.horizon): the tabulated phi_T against its recursion, the
-recursion against the discrete iteration it models, the constant-rate closed form and the limits."""
+recursion against the discrete iteration it models, the constant-rate closed form and the limits; the excess loss
+carried on to the run's end through noise-free steps."""
 
 import math
 
@@ -73,3 +74,44 @@ def test_no_step_or_bad_rates_are_refused():
             HorizonTable(bad)
         with pytest.raises(ValueError, match="lr_ratios"):
             horizon_fraction_exact(RATES, bad)
+
+
+# the first half of the bench's 100-step cosine decay (noise on), then its second half (noise off): a branch's
+# first plan priced at the branch's end
+COSINE = [0.1 + 0.45 * (1 + math.cos(math.pi * t / 99)) for t in range(100)]
+FIRST_HALF, SECOND_HALF = [r / COSINE[0] for r in COSINE[:50]], [r / COSINE[0] for r in COSINE[50:]]
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_tabulated_fraction_at_the_run_end_matches_the_recursion(name):
+    ratios, after = SCHEDULES[name], SECOND_HALF
+    exact = horizon_fraction_exact(RATES, ratios, after)
+    got = HorizonTable(ratios, sum(after))(RATES.float()).double()
+    # phi's table error (INTERPOLATION of its scale) times the factor exp(-2 a R), plus the float32 factor's own:
+    # its argument rounded (6e-8 of 2 a R, relative) and its underflow (values below 1e-30 of phi's scale)
+    x = 2 * sum(after) * RATES
+    scale = horizon_fraction_exact(RATES, ratios).cummax(0).values
+    tol = scale * (torch.exp(-x) * (INTERPOLATION + 1e-7 * x) + 1e-30)
+    assert ((got - exact).abs() <= tol)[2:].all(), (name, ((got - exact).abs() / tol)[2:].max())
+    assert (got[:2] == 0).all()
+
+
+def test_noise_free_steps_forget_the_stiff_directions_and_keep_the_flat_ones():
+    """After the plan's life the deviation only contracts: the stiff directions' excess decays to nothing by the
+    run's end, the flat ones keep what they gathered; no step after the horizon (R = 0) is the horizon's end."""
+    flat, stiff = torch.tensor([1e-9], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64)
+    at_end = horizon_fraction_exact(flat, FIRST_HALF, SECOND_HALF).item()
+    assert at_end == pytest.approx(horizon_fraction_exact(flat, FIRST_HALF).item(), rel=1e-6)
+    stiff_end = horizon_fraction_exact(stiff, FIRST_HALF, SECOND_HALF).item()
+    settled_at_plan_end = horizon_fraction_exact(stiff, FIRST_HALF).item()
+    assert stiff_end == pytest.approx(settled_at_plan_end * math.exp(-2 * sum(SECOND_HALF)), rel=1e-12)
+    assert stiff_end < 1e-10 * settled_at_plan_end
+    assert (HorizonTable(FIRST_HALF, 0.0)(RATES.float()) == HorizonTable(FIRST_HALF)(RATES.float())).all()
+    # a step with r = 0 contracts nothing
+    torch.testing.assert_close(horizon_fraction_exact(RATES, FIRST_HALF, [0.0] * 5),
+                               horizon_fraction_exact(RATES, FIRST_HALF), rtol=0, atol=0)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="after"):
+            HorizonTable(FIRST_HALF, bad)
+        with pytest.raises(ValueError, match="after"):
+            horizon_fraction_exact(RATES, FIRST_HALF, [bad])

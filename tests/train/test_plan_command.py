@@ -203,6 +203,15 @@ def test_an_infeasible_budget_is_a_usage_error(hf_dir, token_file, tmp_path, cap
         "got ['fp8']")
 
 
+def test_a_run_end_horizon_is_refused_without_a_run(hf_dir, token_file, tmp_path, capsys):
+    """A plan made outside a training run has no learning-rate schedule to price WD at the run's end along."""
+    argv = ["plan", "--hf", str(hf_dir), "--data", str(token_file), "--out", str(tmp_path / "out"),
+            "--wd-horizon", "run_end", *CALIBRATION]
+    assert cli.main(argv) == 2
+    assert "'run_end' needs a training run's learning-rate schedule" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_unreadable_data(tmp_path):
     np.save(tmp_path / "matrix.npy", np.zeros((4, 4), np.int32))
     with pytest.raises(ValueError, match="1-D integer token array"):
