@@ -915,9 +915,9 @@ HEURISTICS = ("uniform_fp4", "first_last", "layer_type", "min_rel_error", "min_a
 # PlannerConfig fields; snip_horizon: WD as the excess loss within one re-plan interval; snip_signal: that with
 # wgrad's WD times Adam's signal share (divergence.py, "Adam's signal share"); snip_dir: that with the directional LD
 # (divergence.py, "Directional LD"); snip_end: snip_signal with WD as the excess loss the plan's noise leaves at the
-# branch's end (wd_horizon "run_end", planner.horizon). The planner's defaults are snip_signal_gemm; snip_signal_gemm and snip_lrs_gemm
-# are planned as `snip train` plans, along the run's learning rates. Every variant but snip_signal and the ones built
-# on it prices wgrad without the signal share, as the planner did before it.
+# branch's end (wd_horizon "run_end", planner.horizon). The planner's defaults are snip_signal_gemm; snip_signal_gemm
+# and snip_lrs_gemm are planned as `snip train` plans, along the run's learning rates. Every variant but snip_signal
+# and the ones built on it prices wgrad without the signal share, as the planner did before it.
 WITHOUT_SIGNAL_SHARE = {"divergence": DivergenceConfig(wgrad_signal_share=False)}
 SNIP_VARIANTS = {"snip": WITHOUT_SIGNAL_SHARE, "snip_ld": {"terms": "ld", **WITHOUT_SIGNAL_SHARE},
                  "snip_wd": {"terms": "wd", **WITHOUT_SIGNAL_SHARE}, "snip_lam0.1": {"lam": 0.1, **WITHOUT_SIGNAL_SHARE},

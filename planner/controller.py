@@ -263,11 +263,14 @@ class SnipPlanner:
         horizon = self.config.divergence_config.wd_horizon
         if self.lr_schedule is None or step is None or horizon is None:
             return None
-        rates = [float(self.lr_schedule(step + t)) for t in range(horizon)]
-        if not all(math.isfinite(r) and r >= 0 for r in rates):
-            raise ValueError(f"lr_schedule gave {rates} for steps {step}..{step + horizon - 1}: learning rates must "
-                             "be finite and >= 0")
+        rates = [self._scheduled_lr(step + t) for t in range(horizon)]
         return [r / rates[0] for r in rates] if rates[0] > 0 else None
+
+    def _scheduled_lr(self, step: int) -> float:
+        rate = float(self.lr_schedule(step))
+        if not (math.isfinite(rate) and rate >= 0):
+            raise ValueError(f"lr_schedule gave {rate} at step {step}: learning rates must be finite and >= 0")
+        return rate
 
     def _lr_after(self, step: int) -> float:
         """With wd_horizon "run_end": the sum, over the steps from the end of WD's horizon to the run's end (the
@@ -279,9 +282,7 @@ class SnipPlanner:
         if self._lr_tail is None or start < self._lr_tail[0]:
             rates = []
             for t in range(start, start + RUN_END_LOOKAHEAD):
-                r = float(self.lr_schedule(t))
-                if not (math.isfinite(r) and r >= 0):
-                    raise ValueError(f"lr_schedule gave {r} at step {t}: learning rates must be finite and >= 0")
+                r = self._scheduled_lr(t)
                 if r == 0:
                     break
                 rates.append(r)
@@ -292,7 +293,7 @@ class SnipPlanner:
             self._lr_tail = (start, suffix)
         first, suffix = self._lr_tail
         i = start - first
-        return suffix[i] / float(self.lr_schedule(step)) if i < len(suffix) else 0.0
+        return suffix[i] / self._scheduled_lr(step) if i < len(suffix) else 0.0
 
     def _logits_fn(self, batch, loss_fn: LossFn | None) -> LogitsFn | None:
         """The given logits_fn; else, for the default loss of a causal LM on a window batch [B, T+1] (the
