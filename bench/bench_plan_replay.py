@@ -19,6 +19,9 @@ every layer another stochastic-rounding seed, so that only the rounding bits dif
 a branch is the grid's noise floor: two plans whose paired difference is within it are not told apart by these seeds.
 The others move some GEMMs of A's first plan (the one that decides a branch) to another precision: what those GEMMs in
 FP8 buy, paired on the same batches and state, where A's own gap is all they can be compared with.
+
+Every replay records the numerics it was trained under (bench_planner.numerics), and a seed's replays and grid branches
+are paired only under one: a cache copied from another machine fails here rather than mix two CPUs' rounding.
 """
 
 from __future__ import annotations
@@ -75,6 +78,10 @@ class Mix:
     def key(self) -> str:
         return f"{self.first.key}+{self.then}"
 
+    @property
+    def seed(self) -> int:
+        return self.first.seed
+
 
 # A change's GEMMs: (layer FQN pattern, GEMMs, the precision they get in the first plan). Block 0 is the embedding's
 # neighbour, whose backward GEMMs SNIP's early plans keep in FP8; the deeper blocks' forward GEMMs are what LD alone
@@ -96,6 +103,10 @@ class Change:
     @property
     def key(self) -> str:
         return f"{self.run.key}~{self.change}"
+
+    @property
+    def seed(self) -> int:
+        return self.run.seed
 
 
 def per_gemm(precision) -> dict[str, str]:
@@ -150,14 +161,31 @@ def mixed_plans(first: dict[int, dict], then: dict[int, dict]) -> dict[int, dict
     return {step: first[step] if step == 0 else then[step] for step in then}
 
 
-def replay(job: tuple[bp.QualityRun, dict[int, dict], int]) -> float:
-    """Train one replayed branch (in a worker process: one torch thread); its final validation loss."""
+def replay(job: tuple[bp.QualityRun, dict[int, dict], int]) -> dict:
+    """Train one replayed branch (in a worker process: one torch thread); its final validation loss and the numerics
+    it was trained under (bench_planner.numerics)."""
     run, plans, seed_shift = job
     torch.set_num_threads(1)
     summary = bp.continue_from(bp.checkpoint(run.phase, run.preset), run.steps, run.seed,
                                hooks=ReplayedPlans(plans, seed_shift),
                                evals=max(1, run.steps // run.interval), eval_batches=run.eval_batches)
-    return summary["final_val_loss"]
+    return {"final_val_loss": summary["final_val_loss"], "numerics": bp.numerics(run.phase, run.preset)}
+
+
+def cached_replay(entry) -> dict:
+    """A replay cache entry as `replay` returns it (the cache held bare losses before it recorded the numerics)."""
+    return entry if isinstance(entry, dict) else {"final_val_loss": entry}
+
+
+def check_seeds(args, runs: list[bp.QualityRun], sources: dict, done: dict, replays: list, here: str | None = None):
+    """Every seed's cached source runs and replays (and, with `here`, this machine's runs to train) were trained under
+    one numerics: a replay is paired with its seed's branches."""
+    for seed in args.seeds:
+        unit = {r.key: sources[r.key] for r in runs if r.seed == seed and r.key in sources}
+        unit.update({m.key: done[m.key] for m in replays if m.seed == seed and m.key in done})
+        if here is not None:
+            unit["(this machine's runs to train)"] = {"numerics": here}
+        bp.check_paired(unit, f"{args.preset}, checkpoint {args.phase}, seed {seed}")
 
 
 def parse_mix(text: str) -> tuple[str, str]:
@@ -184,7 +212,7 @@ def rows(args, done: dict, mixes: list[Mix], sources: dict[str, dict]) -> list[d
     out = []
     for first, then in args.mixes:
         per_seed = [m for m in mixes if (m.first.method, m.then) == (first, then)]
-        loss = [done[m.key] for m in per_seed]
+        loss = [done[m.key]["final_val_loss"] for m in per_seed]
         bf16, gaps = replayed_gaps(args, [m.first.seed for m in per_seed], loss, sources)
         own = {method: [sources[source_run(args, method, m.first.seed).key]["final_val_loss"] for m in per_seed]
                for method in (first, then)}
@@ -201,7 +229,7 @@ def change_rows(args, done: dict, changes: list[Change], sources: dict[str, dict
     out = []
     for method, change in args.changes:
         per_seed = [c for c in changes if (c.run.method, c.change) == (method, change)]
-        loss = [done[c.key] for c in per_seed]
+        loss = [done[c.key]["final_val_loss"] for c in per_seed]
         bf16, gaps = replayed_gaps(args, [c.run.seed for c in per_seed], loss, sources)
         own = [sources[c.run.key]["final_val_loss"] for c in per_seed]
         vs_own = [v - o for v, o in zip(loss, own)]
@@ -271,18 +299,21 @@ def main() -> None:
     runs = [source_run(args, m, s) for m in methods for s in args.seeds]
     cache = bp.CACHE / "quality-runs.json"
     sources = json.loads(cache.read_text()) if cache.exists() else {}
+    replay_cache = bp.CACHE / "plan-replays.json"
+    done = json.loads(replay_cache.read_text()) if replay_cache.exists() else {}
+    done = {k: cached_replay(v) for k, v in done.items()}
+    mixes = [Mix(source_run(args, first, s), then) for first, then in args.mixes for s in args.seeds]
+    changes = [Change(source_run(args, method, s), change) for method, change in args.changes for s in args.seeds]
     todo = [r for r in runs if r.key not in sources]
     bp.checkpoint(args.phase, args.preset)  # before the workers start, so that they only read it
+    if todo or any(m.key not in done for m in mixes + changes):
+        check_seeds(args, runs, sources, done, mixes + changes, here=bp.numerics(args.phase, args.preset))
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(args.workers, mp_context=ctx) as pool:
         for r, result in zip(todo, pool.map(bp.run_quality, todo)):
             sources[r.key] = result
             bp.save_run(cache, r.key, result)
             print(f"{r.key}: val {result['final_val_loss']:.4f} (source run)", flush=True)
-        mixes = [Mix(source_run(args, first, s), then) for first, then in args.mixes for s in args.seeds]
-        replay_cache = bp.CACHE / "plan-replays.json"
-        done = json.loads(replay_cache.read_text()) if replay_cache.exists() else {}
-        changes = [Change(source_run(args, method, s), change) for method, change in args.changes for s in args.seeds]
         todo, jobs = [], []
         for m in mixes:
             if m.key not in done:
@@ -295,10 +326,11 @@ def main() -> None:
                 todo.append(c)
                 jobs.append((c.run, changed_plans(plan_steps(sources[c.run.key], c.run), c.change),
                              RESEED_SHIFT if c.change == "reseed" else 0))
-        for m, loss in zip(todo, pool.map(replay, jobs)):
-            done[m.key] = loss
-            bp.save_run(replay_cache, m.key, loss)
-            print(f"{m.key}: val {loss:.4f}", flush=True)
+        for m, result in zip(todo, pool.map(replay, jobs)):
+            done[m.key] = result
+            bp.save_run(replay_cache, m.key, result)
+            print(f"{m.key}: val {result['final_val_loss']:.4f}", flush=True)
+    check_seeds(args, runs, sources, done, mixes + changes)
     table, changed = rows(args, done, mixes, sources), change_rows(args, done, changes, sources)
     bp.write(args.name, {"preset": args.preset, "phase": args.phase, "budget": args.budget, "steps": args.steps,
                          "interval": args.interval, "eval_batches": args.eval_batches, "seeds": args.seeds,

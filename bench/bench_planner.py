@@ -16,7 +16,10 @@ Each writes bench/results/cpu-planner-<name>.json (raw numbers, command, machine
 comparison is paired: branches start from one checkpoint and see the same batches per seed. The
 low-precision GEMMs are emulated with the quantizer's CPU implementation where it is built, else with
 the PyTorch reference: the same bits either way (Philox SR bits included).
-Trained runs are cached under $SNIP_BENCH_CACHE, so an interrupted grid resumes.
+Trained runs are cached under $SNIP_BENCH_CACHE, so an interrupted grid resumes. The quality grid's runs record a
+digest of the bits their machine trains with (`numerics`), and runs of different digests are never paired: a cache
+copied from another machine fails with the runs it holds, where pairing them would mix another CPU's rounding into
+every paired difference.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import copy
 import dataclasses
 import fcntl
 import functools
+import hashlib
 import itertools
 import json
 import math
@@ -154,6 +158,49 @@ def checkpoint(steps: int = PRE_STEPS, preset: str = "tiny") -> dict:
             "val_loss": summary["final_val_loss"], "time_s": summary["time_s"]}
     torch.save(ckpt, path)
     return ckpt
+
+
+@functools.lru_cache(maxsize=4)
+def numerics(phase: int, preset: str = "tiny") -> str:
+    """A digest of the bits this process trains with from the `phase`-step checkpoint of `preset`: one step's loss and
+    gradients on the calibration batch, under one torch thread as every branch trains. Branches are paired only when
+    trained under one digest: another CPU's kernels (vector width, BLAS blocking) or another copy of the checkpoint
+    move every branch by about 1e-5 nats, which the same batches no longer cancel (a cache copied between machines)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, _, _ = model_at(checkpoint(phase, preset))
+        loss = model.loss(calibration_batch())
+        loss.backward()
+    finally:
+        torch.set_num_threads(threads)
+    digest = hashlib.sha256()
+    for t in (loss.detach(), *(p.grad for p in model.parameters())):
+        digest.update(t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def check_paired(runs: dict[str, dict], what: str) -> None:
+    """Fail unless the cached runs {key: result} that one paired comparison subtracts were trained under one `numerics`
+    digest (a run cached before the bench recorded it counts as a digest of its own)."""
+    by_digest = collections.defaultdict(list)
+    for key, r in sorted(runs.items()):
+        by_digest[r.get("numerics", "not recorded")].append(key)
+    if len(by_digest) > 1:
+        kinds = "; ".join(f"{d}: {len(keys)} ({keys[0]}, ...)" for d, keys in sorted(by_digest.items()))
+        raise SystemExit(f"{what}: runs trained under different numerics (another machine or checkpoint) are not "
+                         f"paired, and a paired comparison needs them all: {kinds}. Train them in a cache of their own "
+                         "(SNIP_BENCH_CACHE)")
+
+
+def check_cache_numerics(runs: list, todo: list, done: dict) -> None:
+    """Before training `todo` (QualityRun): the cached runs of `runs` that share a checkpoint and seed with one of them
+    (the branches they will be paired with) were trained under this process's numerics."""
+    for phase, seed in sorted({(r.phase, r.seed) for r in todo}):
+        preset = next(r.preset for r in todo if (r.phase, r.seed) == (phase, seed))
+        here = {"(this machine's runs to train)": {"numerics": numerics(phase, preset)}}
+        check_paired({**{r.key: done[r.key] for r in runs if (r.phase, r.seed) == (phase, seed) and r.key in done},
+                      **here}, f"{preset}, checkpoint {phase}, seed {seed}")
 
 
 def branch_config(ckpt: dict, steps: int, seed: int, evals: int = 4, eval_batches: int = RUN["eval_batches"],
@@ -1283,7 +1330,7 @@ def run_quality(run: QualityRun) -> dict:
     return {"final_val_loss": summary["final_val_loss"], "val": summary["history"]["val"],
             "fp4_fraction": statistics.mean(h["fp4_fraction"] for h in plans) if plans else
             (1.0 if run.method == "uniform_fp4" else 0.0),
-            "plans": plans, "time_s": time.perf_counter() - t}
+            "plans": plans, "time_s": time.perf_counter() - t, "numerics": numerics(run.phase, run.preset)}
 
 
 def quality_grid(args) -> list[QualityRun]:
@@ -1317,7 +1364,7 @@ def quality_table(runs: list[QualityRun], done: dict, budgets, phases, seeds) ->
     table = {}
     for phase in phases:
         for budget in budgets:
-            cell = {}
+            cell, paired = {}, collections.defaultdict(dict)  # paired: seed -> the runs its gaps subtract
             for r in runs:
                 if r.phase != phase or (r.budget != budget and r.method not in ("bf16", "uniform_fp4")):
                     continue
@@ -1327,12 +1374,17 @@ def quality_table(runs: list[QualityRun], done: dict, budgets, phases, seeds) ->
                 ref = [done.get(dataclasses.replace(r, budget=budget, method="bf16", seed=s).key) for s in seeds]
                 if None in mine or None in ref:  # not trained (yet): --report-only on a partial cache
                     continue
+                for s, a, b in zip(seeds, mine, ref):
+                    paired[s].update({dataclasses.replace(r, budget=budget, seed=s).key: a,
+                                      dataclasses.replace(r, budget=budget, method="bf16", seed=s).key: b})
                 gaps = [a["final_val_loss"] - b["final_val_loss"] for a, b in zip(mine, ref)]
                 cell[r.method] = {"gap_per_seed": gaps, "mean_gap": statistics.mean(gaps),
                                   "std_gap": statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
                                   "fp4_fraction": statistics.mean(m["fp4_fraction"] for m in mine),
                                   "kept_above_fp4": kept_above_fp4(mine),
                                   "final_val_loss": [m["final_val_loss"] for m in mine]}
+            for s, unit in paired.items():
+                check_paired(unit, f"cell {phase}/{budget}, seed {s}")
             if cell:
                 table[f"{phase}/{budget}"] = cell
     return table
@@ -1411,6 +1463,7 @@ def bench_quality(args) -> None:
         if bases & set(TRENDED):
             curvature_at(args.preset, phase - args.interval)
     todo = [r for r in runs if r.key not in done and not args.report_only]
+    check_cache_numerics(runs, todo, done)
     print(f"quality: {len(runs)} runs, {len(todo)} to train, {args.workers} workers", flush=True)
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")

@@ -94,4 +94,7 @@ def test_bench_end_to_end_and_a_methods_own_plans_give_its_branch_back(tmp_path)
     # the rounding bits (backward GEMMs in FP4 round stochastically) or the first plan's GEMMs differ, so every seed's
     # changed branch differs from the method's own
     changed = {k: v for k, v in out["replays"].items() if "~" in k}
-    assert len(changed) == 4 and all(v != sources[k.split("~")[0]]["final_val_loss"] for k, v in changed.items())
+    assert len(changed) == 4 and all(v["final_val_loss"] != sources[k.split("~")[0]]["final_val_loss"]
+                                     for k, v in changed.items())
+    # every source run and replay was trained under one numerics (the workers' and the bench's own check agree)
+    assert len({r["numerics"] for r in [*sources.values(), *out["replays"].values()]}) == 1

@@ -12,10 +12,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bench(tmp_path: Path, *args: str) -> None:
+def _bench(tmp_path: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "SNIP_BENCH_CACHE": str(tmp_path / "cache")}
-    subprocess.run([sys.executable, str(ROOT / "bench" / "bench_planner.py"), *args, "--results", str(tmp_path)],
-                   cwd=ROOT, check=True, capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "bench_planner.py"), *args, "--results", str(tmp_path)],
+                          cwd=ROOT, check=check, capture_output=True, text=True, timeout=600, env=env)
 
 
 def test_quality_grid(tmp_path):
@@ -59,6 +59,24 @@ def test_quality_grid(tmp_path):
     assert "snip_signal's factor on wgrad's WD" in (tmp_path / "cpu-planner-quality.md").read_text()
     drift = next(r for k, r in out["runs"].items() if "/0.75/snip_horizon_drift_gemm/" in k)
     assert "regret" not in drift["plans"][0] and all(p["regret"] >= 0 for p in drift["plans"][1:])
+
+
+def test_quality_cache_never_pairs_runs_of_other_numerics(tmp_path):
+    grid = ("quality", "--phases", "2", "--budgets", "0.75", "--seeds", "0", "--steps", "2", "--interval", "1",
+            "--eval-batches", "2", "--workers", "1")
+    _bench(tmp_path, *grid, "--methods", "bf16,layer_type_gemm")
+    _bench(tmp_path, *grid, "--methods", "bf16,layer_type_gemm,random_gemm")  # the bench's digest is its workers'
+    cache = tmp_path / "cache" / "quality-runs.json"
+    runs = json.loads(cache.read_text())
+    assert len(runs) == 3 and len({r["numerics"] for r in runs.values()}) == 1
+    runs[next(k for k in runs if "/bf16/" in k)]["numerics"] = "another machine"  # a cache copied from elsewhere
+    cache.write_text(json.dumps(runs))
+    for more in (("--methods", "bf16,layer_type_gemm,random_gemm", "--report-only"),  # tabulating them
+                 ("--methods", "bf16,layer_type_gemm,first_last_gemm")):  # training beside them
+        out = _bench(tmp_path, *grid, *more, check=False)
+        assert out.returncode != 0 and "trained under different numerics" in out.stderr
+        assert "another machine: 1 (tiny/2/-/bf16/0/" in out.stderr
+    assert len(json.loads(cache.read_text())) == 3  # nothing trained beside them
 
 
 def test_validity(tmp_path):
