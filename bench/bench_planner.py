@@ -1449,12 +1449,27 @@ def save_run(cache: Path, key: str, result: dict) -> None:
         partial.replace(cache)
 
 
+def with_runs_from(done: dict, paths: list[Path]) -> dict:
+    """The cached runs `done` and those of committed quality results (their "runs"), for tabulating seeds trained
+    elsewhere beside this cache's: a run in two places must be the same run (the tables pair a seed's runs only under
+    one numerics, `check_paired`)."""
+    out = dict(done)
+    for path in paths:
+        for key, result in json.loads(path.read_text())["runs"].items():
+            if key in out and out[key] != result:
+                raise SystemExit(f"{path}: run {key} differs from the one already read (another machine's or "
+                                 "checkpoint's): tabulate them apart")
+            out[key] = result
+    return out
+
+
 def bench_quality(args) -> None:
     """SNIP vs the heuristics (each re-planned at the same interval and budget by the same ILP) and SNIP's
     ablation, paired per seed from bf16 checkpoints at several training phases."""
     runs = quality_grid(args)
     cache = CACHE / "quality-runs.json"
     done = json.loads(cache.read_text()) if cache.exists() else {}
+    done = with_runs_from(done, args.runs_from)
     bases = {base_method(r.method) for r in runs}
     for phase in args.phases:  # before the workers start, so that they only read them
         checkpoint(phase, args.preset)
@@ -1520,6 +1535,10 @@ def bench_quality(args) -> None:
           f"threshold {DRIFT:g}, from {drift_schedule(args.interval).min_interval} up to {args.interval} steps apart) "
           "instead of every interval. Above FP4: of the GEMMs a method's plans keep above FP4 (every re-plan, every "
           "seed), the share that are forward, dgrad and wgrad GEMMs (by count).", ""]
+    if args.runs_from:
+        md += [f"Runs read from {', '.join(f'`{p.name}`' for p in args.runs_from)} as well as the cache: each seed's "
+               "runs were trained on one machine from one copy of the checkpoint (paired), different seeds possibly "
+               "on different ones; the checkpoint's validation loss above is this machine's.", ""]
     trained = sum(r.key in done for r in runs)
     if trained < len(runs):
         md += [f"**Partial:** {trained} of the grid's {len(runs)} runs are trained; only complete cells are shown.", ""]
@@ -1563,6 +1582,7 @@ def bench_quality(args) -> None:
                       "steps": args.steps, "interval": args.interval, "checkpoint_val_loss": ckpts,
                       "wall_s": time.perf_counter() - t0, "table": table, "verdicts": verdicts, "random_ranks": ranks,
                       "runs": {r.key: done[r.key] for r in runs if r.key in done},
+                      "runs_from": [p.name for p in args.runs_from],
                       "complete": all(r.key in done for r in runs)}, "\n".join(md))
 
 
@@ -1800,6 +1820,9 @@ def main() -> None:
     p.add_argument("--name", default=None, help="quality, scale: results file stem cpu-planner-<name> (default: the bench's)")
     p.add_argument("--claim", default="snip", help="quality: the method judged against every heuristic in the grid")
     p.add_argument("--report-only", action="store_true", help="quality: tabulate the runs already trained")
+    p.add_argument("--runs-from", type=lambda s: [Path(v) for v in s.split(",")], default=[],
+                   help="quality, with --report-only: also tabulate the runs of these results JSON files (seeds "
+                        "trained on another machine)")
     p.add_argument("--eval-batches", type=int, default=64,
                    help="quality, scale: validation batches per evaluation, the same for every branch; the paired gap's "
                         "sampling error falls as 1/sqrt of it (default: %(default)s)")
@@ -1847,6 +1870,8 @@ def main() -> None:
     schedule = args.what == "schedule"
     args.phases = args.phases or ([PRE_STEPS] if schedule or args.what == "swap" else [100, PRE_STEPS, 1200])
     args.budgets = args.budgets or ([0.85, 0.62, 0.75] if schedule else [0.8] if args.what == "swap" else [0.5, 0.75, 0.8])
+    if args.runs_from and not (args.what == "quality" and args.report_only):
+        p.error("--runs-from tabulates committed runs: quality --report-only only")
     if schedule and len(args.budgets) != 3:
         p.error("schedule takes --budgets BEFORE_DECAY,AFTER_DECAY,CONSTANT")
     {"cost": bench_cost, "validity": bench_validity, "horizon": bench_horizon, "wgrad_error": bench_wgrad_error,

@@ -69,6 +69,11 @@ def test_quality_cache_never_pairs_runs_of_other_numerics(tmp_path):
     cache = tmp_path / "cache" / "quality-runs.json"
     runs = json.loads(cache.read_text())
     assert len(runs) == 3 and len({r["numerics"] for r in runs.values()}) == 1
+    committed = tmp_path / "committed.json"
+    (tmp_path / "cpu-planner-quality.json").rename(committed)
+    _bench(tmp_path, *grid, "--methods", "bf16,layer_type_gemm,random_gemm", "--report-only", "--runs-from",
+           str(committed))  # the same runs in the cache and the file
+    assert json.loads((tmp_path / "cpu-planner-quality.json").read_text())["runs_from"] == ["committed.json"]
     runs[next(k for k in runs if "/bf16/" in k)]["numerics"] = "another machine"  # a cache copied from elsewhere
     cache.write_text(json.dumps(runs))
     for more in (("--methods", "bf16,layer_type_gemm,random_gemm", "--report-only"),  # tabulating them
@@ -76,6 +81,9 @@ def test_quality_cache_never_pairs_runs_of_other_numerics(tmp_path):
         out = _bench(tmp_path, *grid, *more, check=False)
         assert out.returncode != 0 and "trained under different numerics" in out.stderr
         assert "another machine: 1 (tiny/2/-/bf16/0/" in out.stderr
+    out = _bench(tmp_path, *grid, "--methods", "bf16,layer_type_gemm", "--report-only", "--runs-from", str(committed),
+                 check=False)
+    assert out.returncode != 0 and "bf16/0/2/1/e2/lr0.003 differs from the one already read" in out.stderr
     assert len(json.loads(cache.read_text())) == 3  # nothing trained beside them
 
 

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import pytest  # noqa: E402
 
-from bench_planner import QualityRun, check_paired, quality_table, save_run  # noqa: E402
+from bench_planner import QualityRun, check_paired, quality_table, save_run, with_runs_from  # noqa: E402
 
 
 def test_save_run_merges_with_what_another_process_wrote(tmp_path):
@@ -42,3 +42,13 @@ def test_quality_table_refuses_a_seed_whose_branches_came_from_two_machines():
     done[runs[3].key]["numerics"] = "y"  # seed 1's SNIP branch trained elsewhere
     with pytest.raises(SystemExit, match="cell 100/0.8, seed 1: runs trained under different numerics"):
         quality_table(runs, done, [0.8], [100], [0, 1])
+
+
+def test_runs_from_committed_results_join_the_cache_unless_they_differ(tmp_path):
+    committed = tmp_path / "committed.json"
+    committed.write_text(json.dumps({"runs": {"tiny/b": {"final_val_loss": 2.0}, "tiny/c": {"final_val_loss": 2.5}}}))
+    done = {"tiny/a": {"final_val_loss": 1.0}, "tiny/b": {"final_val_loss": 2.0}}
+    assert with_runs_from(done, [committed]) == {**done, "tiny/c": {"final_val_loss": 2.5}}
+    assert with_runs_from(done, []) == done and len(done) == 2  # the cache's dict untouched
+    with pytest.raises(SystemExit, match="run tiny/b differs from the one already read"):
+        with_runs_from({"tiny/b": {"final_val_loss": 2.1}}, [committed])
