@@ -164,8 +164,9 @@ def checkpoint(steps: int = PRE_STEPS, preset: str = "tiny") -> dict:
 def numerics(phase: int, preset: str = "tiny") -> str:
     """A digest of the bits this process trains with from the `phase`-step checkpoint of `preset`: one step's loss and
     gradients on the calibration batch, under one torch thread as every branch trains. Branches are paired only when
-    trained under one digest: another CPU's kernels (vector width, BLAS blocking) or another copy of the checkpoint
-    move every branch by about 1e-5 nats, which the same batches no longer cancel (a cache copied between machines)."""
+    trained under one digest: another CPU's kernels (vector width, BLAS blocking) move every branch, and a checkpoint
+    trained on another CPU lands elsewhere (tiny's bf16 branches: 5e-5 nats apart from the 100-step checkpoints of
+    two x86 machines, 0.004 from the 400- and 1200-step ones), which the same batches no longer cancel."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
