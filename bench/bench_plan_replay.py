@@ -177,15 +177,10 @@ def cached_replay(entry) -> dict:
     return entry if isinstance(entry, dict) else {"final_val_loss": entry}
 
 
-def check_seeds(args, runs: list[bp.QualityRun], sources: dict, done: dict, replays: list, here: str | None = None):
-    """Every seed's cached source runs and replays (and, with `here`, this machine's runs to train) were trained under
-    one numerics: a replay is paired with its seed's branches."""
-    for seed in args.seeds:
-        unit = {r.key: sources[r.key] for r in runs if r.seed == seed and r.key in sources}
-        unit.update({m.key: done[m.key] for m in replays if m.seed == seed and m.key in done})
-        if here is not None:
-            unit["(this machine's runs to train)"] = {"numerics": here}
-        bp.check_paired(unit, f"{args.preset}, checkpoint {args.phase}, seed {seed}")
+def seed_runs(seed: int, runs: list[bp.QualityRun], sources: dict, done: dict, replays: list) -> dict[str, dict]:
+    """The cached source runs and replays of `seed` {key: result}: the runs a replay of that seed is paired with."""
+    return {**{r.key: sources[r.key] for r in runs if r.seed == seed and r.key in sources},
+            **{m.key: done[m.key] for m in replays if m.seed == seed and m.key in done}}
 
 
 def parse_mix(text: str) -> tuple[str, str]:
@@ -307,7 +302,9 @@ def main() -> None:
     todo = [r for r in runs if r.key not in sources]
     bp.checkpoint(args.phase, args.preset)  # before the workers start, so that they only read it
     if todo or any(m.key not in done for m in mixes + changes):
-        check_seeds(args, runs, sources, done, mixes + changes, here=bp.numerics(args.phase, args.preset))
+        for seed in args.seeds:
+            bp.check_trainable_beside(seed_runs(seed, runs, sources, done, mixes + changes), args.preset, args.phase,
+                                      seed)
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(args.workers, mp_context=ctx) as pool:
         for r, result in zip(todo, pool.map(bp.run_quality, todo)):
@@ -330,7 +327,9 @@ def main() -> None:
             done[m.key] = result
             bp.save_run(replay_cache, m.key, result)
             print(f"{m.key}: val {result['final_val_loss']:.4f}", flush=True)
-    check_seeds(args, runs, sources, done, mixes + changes)
+    for seed in args.seeds:
+        bp.check_paired(seed_runs(seed, runs, sources, done, mixes + changes),
+                        f"{args.preset}, checkpoint {args.phase}, seed {seed}")
     table, changed = rows(args, done, mixes, sources), change_rows(args, done, changes, sources)
     bp.write(args.name, {"preset": args.preset, "phase": args.phase, "budget": args.budget, "steps": args.steps,
                          "interval": args.interval, "eval_batches": args.eval_batches, "seeds": args.seeds,

@@ -194,14 +194,11 @@ def check_paired(runs: dict[str, dict], what: str) -> None:
                          "(SNIP_BENCH_CACHE)")
 
 
-def check_cache_numerics(runs: list, todo: list, done: dict) -> None:
-    """Before training `todo` (QualityRun): the cached runs of `runs` that share a checkpoint and seed with one of them
-    (the branches they will be paired with) were trained under this process's numerics."""
-    for phase, seed in sorted({(r.phase, r.seed) for r in todo}):
-        preset = next(r.preset for r in todo if (r.phase, r.seed) == (phase, seed))
-        here = {"(this machine's runs to train)": {"numerics": numerics(phase, preset)}}
-        check_paired({**{r.key: done[r.key] for r in runs if (r.phase, r.seed) == (phase, seed) and r.key in done},
-                      **here}, f"{preset}, checkpoint {phase}, seed {seed}")
+def check_trainable_beside(cached: dict[str, dict], preset: str, phase: int, seed: int) -> None:
+    """Before training runs from `preset`'s `phase`-step checkpoint on `seed`'s batches: the cached runs {key: result}
+    they will be paired with were trained under this process's numerics."""
+    check_paired({**cached, "(this machine's runs to train)": {"numerics": numerics(phase, preset)}},
+                 f"{preset}, checkpoint {phase}, seed {seed}")
 
 
 def branch_config(ckpt: dict, steps: int, seed: int, evals: int = 4, eval_batches: int = RUN["eval_batches"],
@@ -1479,7 +1476,9 @@ def bench_quality(args) -> None:
         if bases & set(TRENDED):
             curvature_at(args.preset, phase - args.interval)
     todo = [r for r in runs if r.key not in done and not args.report_only]
-    check_cache_numerics(runs, todo, done)
+    for phase, seed in sorted({(r.phase, r.seed) for r in todo}):
+        cached = {r.key: done[r.key] for r in runs if (r.phase, r.seed) == (phase, seed) and r.key in done}
+        check_trainable_beside(cached, args.preset, phase, seed)
     print(f"quality: {len(runs)} runs, {len(todo)} to train, {args.workers} workers", flush=True)
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")
