@@ -209,13 +209,15 @@ def run_route(run: RouteRun) -> float:
 def route_rows(args) -> list[dict]:
     """Each (phase, block, route)'s gap to the exact route per seed, and its share of route both's."""
     cache = bp.CACHE / "forward-train-routes.json"
-    done = json.loads(cache.read_text()) if cache.exists() else {}
+    done = bp.read_cache(cache)
     runs = {(phase, block, route, seed): RouteRun(phase, block, route, seed, args.steps, args.amplify,
                                                   args.eval_batches, args.rounding)
             for phase in args.phases for block in args.blocks for route in args.routes for seed in args.seeds}
     for phase in args.phases:  # before the workers start, so that they only read it
         bp.checkpoint(phase)
     todo = list({r.key: r for r in runs.values() if r.key not in done}.values())
+    for phase in sorted({r.phase for r in todo}):  # the workers train as this process does, with one thread
+        bp.check_cache_numerics(done, cache, phase)
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         for r, loss in zip(todo, pool.map(run_route, todo)):
             done[r.key] = loss

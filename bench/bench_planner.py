@@ -19,7 +19,9 @@ the PyTorch reference: the same bits either way (Philox SR bits included).
 Trained runs are cached under $SNIP_BENCH_CACHE, so an interrupted grid resumes. The quality grid's runs record a
 digest of the bits their machine trains with (`numerics`), and runs of different digests are never paired: a cache
 copied from another machine fails with the runs it holds, where pairing them would mix another CPU's rounding into
-every paired difference.
+every paired difference. The other benches whose cached runs are subtracted from each other (scale, schedule, swap)
+record the digest per checkpoint in the cache and train nothing beside runs of another (`check_cache_numerics`);
+validity caches differences that one process trained both sides of.
 """
 
 from __future__ import annotations
@@ -160,21 +162,22 @@ def checkpoint(steps: int = PRE_STEPS, preset: str = "tiny") -> dict:
     return ckpt
 
 
-@functools.lru_cache(maxsize=4)
-def numerics(phase: int, preset: str = "tiny") -> str:
+@functools.lru_cache(maxsize=8)
+def numerics(phase: int, preset: str = "tiny", threads: int = 1) -> str:
     """A digest of the bits this process trains with from the `phase`-step checkpoint of `preset`: one step's loss and
-    gradients on the calibration batch, under one torch thread as every branch trains. Branches are paired only when
-    trained under one digest: another CPU's kernels (vector width, BLAS blocking) move every branch, and a checkpoint
-    trained on another CPU lands elsewhere (tiny's bf16 branches: 5e-5 nats apart from the 100-step checkpoints of
-    two x86 machines, 0.004 from the 400- and 1200-step ones), which the same batches no longer cancel."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    gradients on the calibration batch, under `threads` torch threads (1: as the quality grid's workers train).
+    Branches are paired only when trained under one digest: another CPU's kernels (vector width, BLAS blocking) move
+    every branch, and a checkpoint trained on another CPU lands elsewhere (tiny's bf16 branches: 5e-5 nats apart from
+    the 100-step checkpoints of two x86 machines, 0.004 from the 400- and 1200-step ones), which the same batches no
+    longer cancel."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         model, _, _ = model_at(checkpoint(phase, preset))
         loss = model.loss(calibration_batch())
         loss.backward()
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
     digest = hashlib.sha256()
     for t in (loss.detach(), *(p.grad for p in model.parameters())):
         digest.update(t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
@@ -199,6 +202,35 @@ def check_trainable_beside(cached: dict[str, dict], preset: str, phase: int, see
     they will be paired with were trained under this process's numerics."""
     check_paired({**cached, "(this machine's runs to train)": {"numerics": numerics(phase, preset)}},
                  f"{preset}, checkpoint {phase}, seed {seed}")
+
+
+# the entry of a paired cache (scale, schedule, swap, bench_forward_train's routes) that records, per checkpoint
+# "preset/phase", the `numerics` its runs were trained under
+CACHE_NUMERICS = "numerics"
+
+
+def read_cache(path: Path) -> dict:
+    """A bench's cache of runs {key: result}, {} before the first run."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def check_cache_numerics(done: dict, path: Path, phase: int, preset: str = "tiny") -> None:
+    """Before a run from `preset`'s `phase`-step checkpoint is trained into `done` (the cache read from `path`), whose
+    results the bench subtracts from each other: the runs it holds from that checkpoint were trained under this
+    process's `numerics` (at its torch threads), which `done` records for the cache's next write. A cache that holds
+    runs but no record was written before the bench kept one: its runs' numerics are unknown, so none is trained beside
+    them."""
+    if done and CACHE_NUMERICS not in done:
+        raise SystemExit(f"{path}: its runs carry no record of the numerics they were trained under (cached before the "
+                         "bench kept one), and a paired difference needs them all trained under one. Train them in a "
+                         "cache of their own (SNIP_BENCH_CACHE)")
+    checkpoint_key, mine = f"{preset}/{phase}", numerics(phase, preset, torch.get_num_threads())
+    recorded = done.setdefault(CACHE_NUMERICS, {})
+    if recorded.setdefault(checkpoint_key, mine) != mine:
+        raise SystemExit(f"{path}: its runs from {preset}'s {phase}-step checkpoint were trained under numerics "
+                         f"{recorded[checkpoint_key]}, this process trains under {mine} (another machine, checkpoint or "
+                         "thread count), and runs of two are not paired. Train them in a cache of their own "
+                         "(SNIP_BENCH_CACHE)")
 
 
 def branch_config(ckpt: dict, steps: int, seed: int, evals: int = 4, eval_batches: int = RUN["eval_batches"],
@@ -791,7 +823,7 @@ def bench_scale(args) -> None:
     layers alone, against that block's LD / WD: how the cost divides among the blocks."""
     # {"phase/bf16/seed": val loss, "phase/target/k/seed[/block<b>]": gap}
     cache = CACHE / f"scale-{args.steps}.json"
-    done = json.loads(cache.read_text()) if cache.exists() else {}
+    done = read_cache(cache)
     rows = []
     for phase in args.phases:
         ckpt = checkpoint(phase)
@@ -822,6 +854,7 @@ def bench_scale(args) -> None:
                 for seed in args.seeds:
                     key = f"{phase}/{target}/{k:g}/{seed}" + ("" if block is None else f"/block{block}")
                     if key not in done:
+                        check_cache_numerics(done, cache, phase)
                         ref = f"{phase}/bf16/{seed}"
                         if ref not in done:
                             done[ref] = continue_from(ckpt, args.steps, seed, evals=1,
@@ -1635,12 +1668,13 @@ def bench_schedule(args) -> None:
                                                                   raised_budget=Budget.fp4_fraction(low))),
     }
     cache = CACHE / f"schedule-{args.phases[0]}-{args.steps}-{args.interval}-{high}-{low}-{constant}.json"
-    done = json.loads(cache.read_text()) if cache.exists() else {}
+    done = read_cache(cache)
     for seed in args.seeds:
         for label, config in methods.items():
             key = f"{label}/{seed}"
             if key in done:
                 continue
+            check_cache_numerics(done, cache, args.phases[0])
             hooks = make_hooks(config, show_table=False, log=lambda m: None) if config else None
             s = continue_from(ckpt, args.steps, seed, hooks=hooks, constant_steps=args.steps // 2)
             history = [dict(h) for h in hooks.planner.history] if hooks else []
@@ -1726,12 +1760,13 @@ def bench_swap(args) -> None:
         predicted[label] = {**plan_objective(choice, stats, DEFAULT_LAMBDA),
                             "fp4_share": plan_metrics(choice, shapes, budget.cost_model).fp4_fraction}
     cache = CACHE / f"swap-{args.phases[0]}-{args.budgets[0]}-{args.steps}-e{args.eval_batches}.json"
-    done = json.loads(cache.read_text()) if cache.exists() else {}
+    done = read_cache(cache)
     runs = {}  # {label: final validation loss per seed}
     for seed in args.seeds:
         for label, v in {"bf16": None, **variants}.items():
             key = f"{label}/{seed}/" + json.dumps(v, sort_keys=True)
             if key not in done:
+                check_cache_numerics(done, cache, args.phases[0])
                 s = continue_from(ckpt, args.steps, seed, precision=v, evals=1, eval_batches=args.eval_batches)
                 done[key] = s["final_val_loss"]
                 cache.write_text(json.dumps(done))

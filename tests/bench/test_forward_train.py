@@ -142,6 +142,8 @@ def test_bench_runs_end_to_end(tmp_path):
     assert len(energy) == 28 and all(0 < r < 10 for r in energy.values())
     assert all(r["ld"] >= 0 and r["drift_whole"] >= 0 and r["truth"] is None for r in out["prices"])
     assert (tmp_path / "cpu-planner-forward-train.md").exists()
+    cache = json.loads((tmp_path / "cache" / "forward-train-routes.json").read_text())
+    assert set(cache["numerics"]) == {"tiny/2"}  # what the routes were trained under (bench_planner.check_cache_numerics)
 
 
 def test_sr_forward_rounds_the_forward_operands_stochastically_and_nothing_else():

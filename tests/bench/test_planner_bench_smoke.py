@@ -115,6 +115,7 @@ def test_scale(tmp_path):
     assert all(r["predicted"] > 0 and len(r["gaps"]) == 2 for r in out["rows"])
     for unit, twice in zip(out["rows"][::2], out["rows"][1::2]):  # the prediction is quadratic in the factor
         assert twice["predicted"] == pytest.approx(4 * unit["predicted"]) and "exponent" in twice
+    assert set(json.loads((tmp_path / "cache" / "scale-2.json").read_text())["numerics"]) == {"tiny/2"}
 
 
 def test_scale_per_block(tmp_path):
@@ -223,3 +224,22 @@ def test_forward_error(tmp_path):
     assert (row["method"], row["fp4_forward_gemms"], row["trained_gap"]) == ("snip_gemm", 2, 0.25)
     by_layer = {r["layer"]: r for r in phase["layers"]}
     assert row["ld"] == pytest.approx(sum(by_layer[n]["ld"] for n in fp4))
+
+
+def test_paired_caches_never_train_beside_runs_of_other_numerics(tmp_path):
+    swap = ("swap", "--phases", "2", "--steps", "2", "--eval-batches", "1", "--budgets", "0.5",
+            "--raise", "layers.3.mlp.down_proj", "--lower", "layers.0.self_attn.q_proj")
+    _bench(tmp_path, *swap, "--seeds", "0")
+    cache = tmp_path / "cache" / "swap-2-0.5-2-e1.json"
+    runs = json.loads(cache.read_text())
+    assert set(runs["numerics"]) == {"tiny/2"}
+    _bench(tmp_path, *swap, "--seeds", "0,1")  # the second process trains under the first's numerics
+    runs = json.loads(cache.read_text())
+    assert len(runs) == 1 + 2 * 9  # the record and bf16 + 8 variants per seed
+    for record in ({"tiny/2": "another machine"}, None):  # a cache from elsewhere, one from before the record
+        cache.write_text(json.dumps({k: v for k, v in runs.items() if k != "numerics"}
+                                    | ({} if record is None else {"numerics": record})))
+        out = _bench(tmp_path, *swap, "--seeds", "0,1,2", check=False)
+        assert out.returncode != 0 and "SNIP_BENCH_CACHE" in out.stderr
+        assert ("trained under numerics another machine" if record else "carry no record of the numerics") in out.stderr
+        assert len(json.loads(cache.read_text())) == len(runs) - (record is None)  # nothing trained beside them
