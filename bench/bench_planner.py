@@ -143,11 +143,15 @@ def write(name: str, payload: dict, markdown: str) -> None:
 # the checkpoint and continuing from it
 # ---------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=4)
+def checkpoint_path(steps: int, preset: str) -> Path:
+    return CACHE / f"ckpt-{preset}-{steps}-lr{LRS[preset]:g}.pt"
+
+
 def checkpoint(steps: int = PRE_STEPS, preset: str = "tiny") -> dict:
     """The bf16 `preset` model after `steps` steps (constant lr after warmup, seed 1234), with its AdamW state:
     checkpoints of one trajectory at different steps are its training phases. Loaded once per process
     (a worker trains many branches from it); callers copy what they change (`continue_from`)."""
-    path = CACHE / f"ckpt-{preset}-{steps}-lr{LRS[preset]:g}.pt"
+    path = checkpoint_path(steps, preset)
     if path.exists():
         return torch.load(path)
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -1421,12 +1425,22 @@ def quality_table(runs: list[QualityRun], done: dict, budgets, phases, seeds) ->
     return table
 
 
+def seeds_to_resolve(margins: dict[str, tuple[float, float]], seeds: int) -> int | None:
+    """How many paired seeds would resolve every margin {rival: (mean, standard error)} measured on `seeds` seeds, were
+    each mean to stay as measured: the standard error falls as 1 / sqrt(seeds), so a margin d of standard error se
+    exceeds two of them beyond seeds * (2 se / d)^2. `seeds` where every margin is resolved already; None where a
+    margin is not positive (no number of seeds resolves it)."""
+    if any(d <= 0 for d, _ in margins.values()):
+        return None
+    return max(seeds, *(math.floor(seeds * (2 * se / d) ** 2) + 1 for d, se in margins.values()))
+
+
 def quality_verdicts(table: dict, claim: str = "snip") -> dict:
     """Per cell: is the `claim` method's mean gap below every heuristic's (per layer or per GEMM), its margin to
     the best one (with the standard error of the per-seed paired differences), whether it is below every one by
     more than two standard errors of that paired difference (resolved: a mean below by less is within what the
-    seeds' rounding bits alone move a branch, bench_plan_replay.py's reseed), and on how many seeds it is below
-    every heuristic."""
+    seeds' rounding bits alone move a branch, bench_plan_replay.py's reseed), how many seeds would resolve it were the
+    margins to hold (seeds_to_resolve), and on how many seeds it is below every heuristic."""
     out = {}
     for key, cell in table.items():
         if claim not in cell:
@@ -1442,6 +1456,7 @@ def quality_verdicts(table: dict, claim: str = "snip") -> dict:
                     "margins": margins, "best_heuristic": best,
                     "margin_to_best_heuristic": cell[best]["mean_gap"] - mine["mean_gap"],
                     "margin_standard_error": margins[best][1],
+                    "seeds_to_resolve": seeds_to_resolve(margins, len(mine["gap_per_seed"])),
                     "seeds_below_every_heuristic": sum(all(mine["gap_per_seed"][i] < cell[m]["gap_per_seed"][i]
                                                            for m in rivals) for i in range(len(mine["gap_per_seed"])))}
     return out
@@ -1494,6 +1509,20 @@ def with_runs_from(done: dict, paths: list[Path]) -> dict:
     return out
 
 
+def checkpoint_val_losses(args) -> dict[int, float | None]:
+    """{phase: its checkpoint's validation loss} for the quality tables: the checkpoint's, trained if need be; a report
+    (--report-only) trains nothing and takes it from the cache, else from the first --runs-from file that recorded it,
+    else None."""
+    out = {}
+    for phase in args.phases:
+        if not args.report_only or checkpoint_path(phase, args.preset).exists():
+            out[phase] = checkpoint(phase, args.preset)["val_loss"]
+            continue
+        recorded = (json.loads(path.read_text()).get("checkpoint_val_loss", {}).get(str(phase)) for path in args.runs_from)
+        out[phase] = next((v for v in recorded if v is not None), None)
+    return out
+
+
 def bench_quality(args) -> None:
     """SNIP vs the heuristics (each re-planned at the same interval and budget by the same ILP) and SNIP's
     ablation, paired per seed from bf16 checkpoints at several training phases."""
@@ -1502,7 +1531,7 @@ def bench_quality(args) -> None:
     done = json.loads(cache.read_text()) if cache.exists() else {}
     done = with_runs_from(done, args.runs_from)
     bases = {base_method(r.method) for r in runs}
-    for phase in args.phases:  # before the workers start, so that they only read them
+    for phase in args.phases if not args.report_only else ():  # before the workers start, so that they only read them
         checkpoint(phase, args.preset)
         if bases & set(FORESEEN):
             ld_growth(args.preset, phase, args.steps)
@@ -1523,9 +1552,10 @@ def bench_quality(args) -> None:
     table = quality_table(runs, done, args.budgets, args.phases, args.seeds)
     verdicts = quality_verdicts(table, args.claim)
     ranks = quality_random_ranks(table, args.claim)
-    ckpts = {phase: checkpoint(phase, args.preset)["val_loss"] for phase in args.phases}
+    ckpts = checkpoint_val_losses(args)
     md = [f"Preset {args.preset}; bf16 checkpoints after {', '.join(map(str, args.phases))} steps (one trajectory, "
-          f"constant lr {LRS[args.preset]:g} after warmup; val loss {', '.join(f'{v:.4f}' for v in ckpts.values())}); from each, "
+          f"constant lr {LRS[args.preset]:g} after warmup; val loss "
+          f"{', '.join('-' if v is None else f'{v:.4f}' for v in ckpts.values())}); from each, "
           f"{args.steps} steps per method (cosine decay to lr/10), seeds {args.seeds}: the seed picks the batches, and "
           "every method of a seed sees the same ones from the same state (paired). Every planned method -- SNIP, its "
           f"ablations and the heuristics -- re-plans every {args.interval} steps from the same statistics with the same "
@@ -1592,7 +1622,9 @@ def bench_quality(args) -> None:
                    f"best heuristic ({v['best_heuristic']}): {v['margin_to_best_heuristic']:+.4f} +- "
                    f"{v['margin_standard_error']:.4f} (paired per seed, standard error); below every heuristic "
                    f"on {v['seeds_below_every_heuristic']} of {len(args.seeds)} seeds; below every heuristic by more "
-                   f"than two standard errors: {'yes' if v['resolved_below_every_heuristic'] else 'NO'}.", ""]
+                   f"than two standard errors: {'yes' if v['resolved_below_every_heuristic'] else 'NO'}; were the "
+                   "margins to hold, paired seeds that would resolve them: "
+                   f"{v['seeds_to_resolve'] or 'none (a margin is not positive)'}.", ""]
         r = ranks.get(key)
         if r:
             md += [f"{args.claim} against {len(r['draws'])} random plans (mean gaps "

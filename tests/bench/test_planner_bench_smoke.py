@@ -12,8 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bench(tmp_path: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SNIP_BENCH_CACHE": str(tmp_path / "cache")}
+def _bench(tmp_path: Path, *args: str, check: bool = True, cache: str = "cache") -> subprocess.CompletedProcess:
+    env = {**os.environ, "SNIP_BENCH_CACHE": str(tmp_path / cache)}
     return subprocess.run([sys.executable, str(ROOT / "bench" / "bench_planner.py"), *args, "--results", str(tmp_path)],
                           cwd=ROOT, check=check, capture_output=True, text=True, timeout=600, env=env)
 
@@ -74,6 +74,11 @@ def test_quality_cache_never_pairs_runs_of_other_numerics(tmp_path):
     _bench(tmp_path, *grid, "--methods", "bf16,layer_type_gemm,random_gemm", "--report-only", "--runs-from",
            str(committed))  # the same runs in the cache and the file
     assert json.loads((tmp_path / "cpu-planner-quality.json").read_text())["runs_from"] == ["committed.json"]
+    _bench(tmp_path, *grid, "--methods", "bf16,layer_type_gemm,random_gemm", "--report-only", "--runs-from",
+           str(committed), cache="empty")  # a report of committed results elsewhere trains nothing, checkpoints neither
+    assert not (tmp_path / "empty").exists()
+    report, before = (json.loads(p.read_text()) for p in (tmp_path / "cpu-planner-quality.json", committed))
+    assert report["table"] == before["table"] and report["checkpoint_val_loss"] == before["checkpoint_val_loss"]
     runs[next(k for k in runs if "/bf16/" in k)]["numerics"] = "another machine"  # a cache copied from elsewhere
     cache.write_text(json.dumps(runs))
     for more in (("--methods", "bf16,layer_type_gemm,random_gemm", "--report-only"),  # tabulating them
@@ -197,8 +202,22 @@ def test_quality_verdicts_call_a_margin_resolved_beyond_two_standard_errors_of_e
     assert set(v["margins"]) == {"random_gemm", "first_last_gemm"}  # the ablation is no rival
     assert v["best_heuristic"] == "random_gemm" and v["margin_standard_error"] == pytest.approx(0.001)
     assert v["margins"]["first_last_gemm"] == pytest.approx((0.01, 0.0))
+    assert 12 <= v["seeds_to_resolve"] <= 13  # random's 0.001 +- 0.001 at 3 seeds: 2 SE fall below it beyond 12
     table["100/0.8"]["random_gemm"] = cell(x=[0.003, 0.0045, 0.0035])["x"]  # 0.0017 +- 0.0002 now
-    assert quality_verdicts(table, "snip_gemm")["100/0.8"]["resolved_below_every_heuristic"]
+    v = quality_verdicts(table, "snip_gemm")["100/0.8"]
+    assert v["resolved_below_every_heuristic"] and v["seeds_to_resolve"] == 3
+    table["100/0.8"]["random_gemm"] = cell(x=[0.001, 0.003, 0.002])["x"]  # a tie: no number of seeds resolves it
+    assert quality_verdicts(table, "snip_gemm")["100/0.8"]["seeds_to_resolve"] is None
+
+
+def test_seeds_to_resolve_scale_the_standard_error_as_one_over_the_root_of_the_seeds():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_planner import seeds_to_resolve
+    assert seeds_to_resolve({"a": (0.003, 0.003)}, 3) == 13  # 2 SE = 2 margins at 3 seeds: 4x the seeds, and one more
+    assert seeds_to_resolve({"a": (0.003, 0.003), "b": (0.004, 0.001)}, 3) == 13  # the worst margin decides
+    assert seeds_to_resolve({"a": (0.004, 0.001)}, 10) == 10  # resolved already
+    assert seeds_to_resolve({"a": (0.004, 0.001), "b": (-0.0001, 0.001)}, 10) is None
+    assert seeds_to_resolve({"a": (0.0, 0.001)}, 10) is None
 
 
 def test_forward_error(tmp_path):
