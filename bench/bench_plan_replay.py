@@ -293,9 +293,9 @@ def main() -> None:
     methods = sorted({"bf16", *(m for mix in args.mixes for m in mix), *(m for m, _ in args.changes)})
     runs = [source_run(args, m, s) for m in methods for s in args.seeds]
     cache = bp.CACHE / "quality-runs.json"
-    sources = json.loads(cache.read_text()) if cache.exists() else {}
+    sources = bp.read_cache(cache)
     replay_cache = bp.CACHE / "plan-replays.json"
-    done = json.loads(replay_cache.read_text()) if replay_cache.exists() else {}
+    done = bp.read_cache(replay_cache)
     done = {k: cached_replay(v) for k, v in done.items()}
     mixes = [Mix(source_run(args, first, s), then) for first, then in args.mixes for s in args.seeds]
     changes = [Change(source_run(args, method, s), change) for method, change in args.changes for s in args.seeds]

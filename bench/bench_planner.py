@@ -19,9 +19,9 @@ the PyTorch reference: the same bits either way (Philox SR bits included).
 Trained runs are cached under $SNIP_BENCH_CACHE, so an interrupted grid resumes. The quality grid's runs record a
 digest of the bits their machine trains with (`numerics`), and runs of different digests are never paired: a cache
 copied from another machine fails with the runs it holds, where pairing them would mix another CPU's rounding into
-every paired difference. The other benches whose cached runs are subtracted from each other (scale, schedule, swap)
-record the digest per checkpoint in the cache and train nothing beside runs of another (`check_cache_numerics`);
-validity caches differences that one process trained both sides of.
+every paired difference. The other benches whose cached runs are subtracted from each other (scale, schedule, swap,
+bench_forward_train.py's routes) record the digest per checkpoint in the cache and train nothing beside runs of another
+(`check_cache_numerics`); validity caches differences that one process trained both sides of.
 """
 
 from __future__ import annotations
@@ -142,11 +142,11 @@ def write(name: str, payload: dict, markdown: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # the checkpoint and continuing from it
 # ---------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=4)
 def checkpoint_path(steps: int, preset: str) -> Path:
     return CACHE / f"ckpt-{preset}-{steps}-lr{LRS[preset]:g}.pt"
 
 
+@functools.lru_cache(maxsize=4)
 def checkpoint(steps: int = PRE_STEPS, preset: str = "tiny") -> dict:
     """The bf16 `preset` model after `steps` steps (constant lr after warmup, seed 1234), with its AdamW state:
     checkpoints of one trajectory at different steps are its training phases. Loaded once per process
@@ -537,7 +537,7 @@ def one_layer_truth(ckpt: dict, names, seeds, steps: int, kind: str, precision) 
     (a LinearPrecision JSON), paired with bf16 on the same batches -- the mean training-loss increase over
     the steps ("train") and the final validation-loss increase ("val"). Cached per (kind, steps)."""
     cache = CACHE / f"validity-{kind}-{steps}.json"  # {"seed/layer": {"train": d, "val": d}}
-    done = json.loads(cache.read_text()) if cache.exists() else {}
+    done = read_cache(cache)
     truth = {n: {"train": [], "val": []} for n in names}
     for seed in seeds:
         ref = None
@@ -1488,7 +1488,7 @@ def save_run(cache: Path, key: str, result: dict) -> None:
     same time (another preset, another cell) share the cache, and none may drop the others' runs."""
     with open(cache.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        runs = json.loads(cache.read_text()) if cache.exists() else {}
+        runs = read_cache(cache)
         runs[key] = result
         partial = cache.with_suffix(".partial")
         partial.write_text(json.dumps(runs))
@@ -1528,7 +1528,7 @@ def bench_quality(args) -> None:
     ablation, paired per seed from bf16 checkpoints at several training phases."""
     runs = quality_grid(args)
     cache = CACHE / "quality-runs.json"
-    done = json.loads(cache.read_text()) if cache.exists() else {}
+    done = read_cache(cache)
     done = with_runs_from(done, args.runs_from)
     bases = {base_method(r.method) for r in runs}
     for phase in args.phases if not args.report_only else ():  # before the workers start, so that they only read them
