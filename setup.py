@@ -1,12 +1,13 @@
 """Build driver: metadata lives in pyproject.toml, the native build in CMakeLists.txt.
 
 The extension snip_ops._C is built with its CUDA kernels when torch is a CUDA build and nvcc is
-found. Otherwise, or with SNIP_NO_CUDA=1, it is built without CUDA: the CPU implementations of the
-ops (quantize, dequantize, adamw_: host loops of the kernels' arithmetic, bit-identical to the
-reference), which need only a C++ compiler and cmake. SNIP_NO_EXT=1 (or no C++ compiler) makes the
-install pure Python: snip_ops then runs its PyTorch reference implementations. Install with
-`pip install --no-build-isolation -e .` so the build sees the installed torch instead of
-downloading another one.
+found, and without CUDA (the CPU implementations of quantize, dequantize and adamw_, which need only
+a C++ compiler and cmake) when torch is a CPU-only build or SNIP_NO_CUDA=1 asks for it. An install
+never quietly drops what it could have built: a CUDA torch without nvcc, no C++ compiler, or a torch
+the build cannot see (pip's build isolation hides the installed one) stops the build with an error
+that names the fix. A pure-Python install (snip_ops then runs its PyTorch reference implementations)
+happens only when asked for with SNIP_NO_EXT=1. Install with `pip install --no-build-isolation .`
+(or `-e .`) so that the build compiles against the torch already installed.
 """
 
 import hashlib
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import SetupError
 
 ROOT = Path(__file__).resolve().parent
 MIN_CMAKE = (3, 26)
@@ -51,27 +53,42 @@ def find_cxx():
     return None
 
 
+class BuildError(SetupError):
+    """Why the extension cannot be built as asked; setuptools prints it as one `error:` line and pip
+    shows it with the build's output."""
+
+
 def build_plan():
-    """(with_cuda, None) when the extension is built, with or without its CUDA kernels, else
-    (False, why it is not built); prints why a build goes without CUDA."""
+    """True: build the extension with its CUDA kernels; False: without CUDA (the CPU implementations);
+    None: no extension (pure Python, asked for with SNIP_NO_EXT=1). Raises BuildError when what this
+    environment allows is less than a plain install should give."""
     if _truthy("SNIP_NO_EXT"):
-        return False, "SNIP_NO_EXT is set"
+        return None
     try:
         import torch
     except ImportError as e:
-        return False, f"torch is not importable at build time ({e}); use pip install --no-build-isolation"
-    if _truthy("SNIP_NO_CUDA"):
-        no_cuda = "SNIP_NO_CUDA is set"
-    elif torch.version.cuda is None:
-        no_cuda = f"torch {torch.__version__} is a CPU-only build"
-    elif find_cuda_home() is None:
-        no_cuda = "nvcc not found (set CUDA_HOME)"
-    else:
-        return True, None
+        raise BuildError(
+            f"snip: torch is not importable where snip_ops._C is being built ({e}). pip builds in an isolated "
+            "environment that hides the installed torch: install torch first, then `pip install "
+            "--no-build-isolation .` (or `-e .`); for a pure-Python install without kernels, set SNIP_NO_EXT=1"
+        ) from None
     if find_cxx() is None:
-        return False, f"{no_cuda} and there is no C++ compiler for the CPU implementations"
-    print(f"snip: building snip_ops._C without CUDA ({no_cuda}): the CPU implementations only", flush=True)
-    return False, None
+        raise BuildError("snip: no C++ compiler (CXX, c++, g++ or clang++) to build snip_ops._C: install one, or "
+                         "set SNIP_NO_EXT=1 for a pure-Python install without kernels")
+    if _truthy("SNIP_NO_CUDA"):
+        print("snip: building snip_ops._C without CUDA (SNIP_NO_CUDA is set): the CPU implementations only",
+              flush=True)
+        return False
+    if torch.version.cuda is None:
+        print(f"snip: building snip_ops._C without CUDA (torch {torch.__version__} is a CPU-only build): the CPU "
+              "implementations only", flush=True)
+        return False
+    if find_cuda_home() is None:
+        raise BuildError(
+            f"snip: torch {torch.__version__} is a CUDA build but nvcc was not found, so no GPU kernel could be "
+            "built: set CUDA_HOME to a CUDA toolkit (12.8 or later), or set SNIP_NO_CUDA=1 to build the CPU "
+            "implementations only (GPU work then runs on the slower emulated paths)")
+    return True
 
 
 def _version(exe):
@@ -141,6 +158,9 @@ class CMakeBuild(build_ext):
             # Always explicit, so a value cached by an earlier build with other archs cannot linger.
             args.append(f"-DSNIP_CUDA_ARCHS={os.environ.get('SNIP_CUDA_ARCHS') or '90a;100a'}")
             env["CUDA_HOME"] = str(cuda_home)
+        ccache = shutil.which("ccache") or Path(sys.executable).with_name("ccache")  # a venv's, unactivated
+        if Path(ccache).exists():
+            args.append(f"-DSNIP_CCACHE={ccache}")
         cache = build_dir / "CMakeCache.txt"
         if ninja and not (cache.exists() and "Unix Makefiles" in cache.read_text()):
             args += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"]
@@ -159,15 +179,21 @@ class CMakeBuild(build_ext):
         shutil.copyfile(built[-1], tmp)
         os.replace(tmp, dest)  # atomic: a process that has the old module mapped keeps it intact
 
+    def run(self):
+        global WITH_CUDA
+        WITH_CUDA = build_plan()  # here, not at import: an sdist or metadata build needs no torch
+        super().run()
 
-WITH_CUDA, _reason = build_plan()
-if _reason:
-    print(f"snip: not building the extension: {_reason}; installing pure Python", flush=True)
-    # An editable install would otherwise keep importing a stale module from an earlier build.
-    for stale in (ROOT / "snip_ops").glob("_C*.so"):
-        stale.unlink()
+
+WITH_CUDA = None
+if _truthy("SNIP_NO_EXT"):
+    print("snip: SNIP_NO_EXT is set: installing pure Python, without snip_ops._C (no kernels)", flush=True)
+    if "editable_wheel" in sys.argv or "develop" in sys.argv:
+        # An editable install would otherwise keep importing a stale module from an earlier build.
+        for stale in (ROOT / "snip_ops").glob("_C*.so"):
+            stale.unlink()
 
 setup(
-    ext_modules=[] if _reason else [CMakeExtension("snip_ops._C")],
+    ext_modules=[] if _truthy("SNIP_NO_EXT") else [CMakeExtension("snip_ops._C")],
     cmdclass={"build_ext": CMakeBuild},
 )

@@ -11,6 +11,7 @@ kernels' arithmetic) list the target "cpu" in `kernels()`.
 from __future__ import annotations
 
 import json
+import warnings
 from functools import lru_cache
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
@@ -29,8 +30,8 @@ except ImportError as e:  # pure-Python install, or an extension built against a
         _IMPORT_ERROR = f"snip_ops._C is there but does not load (rebuild it): {type(e).__name__}: {e}"
     else:
         _IMPORT_ERROR = (
-            "snip_ops._C was not built: pure-Python install (no C++ compiler, or SNIP_NO_EXT=1 at "
-            "install time); build it with pip install --no-build-isolation -e ."
+            "snip_ops._C was not built: a pure-Python install (SNIP_NO_EXT=1 at install time, or an install "
+            "from before it was required)"
         )
 
 if HAS_KERNELS:
@@ -89,14 +90,57 @@ def kernel_compiled(name: str, device) -> bool:
 
 def kernel_available(name: str, device) -> bool:
     """True when kernel `name` is compiled for `device` (`kernel_compiled`) and passed its self-check
-    there (snip_ops.self_check)."""
+    there (snip_ops.self_check). On a CUDA device without it, the first such call of the process warns
+    (`missing_kernel_warning`)."""
     if not kernel_compiled(name, device):
+        arch = _device_arch(device)
+        if arch is not None and arch != "cpu":
+            _warn_missing_kernel(name, arch)
         return False
     if isinstance(device, torch.Tensor):
         device = device.device
     from . import self_check  # the checks import the ops, which import this module
 
     return self_check.passed(name, device)
+
+
+# Archs snip compiles kernels for (CMakeLists.txt's SNIP_CUDA_ARCHS), with what runs on them.
+SUPPORTED_ARCHS = {"sm_90a": "Hopper: H100, H200", "sm_100a": "Blackwell: B200, GB200"}
+_REINSTALL = ("reinstall where nvcc (CUDA 12.8 or later) and this torch are present: pip install "
+              "--no-build-isolation . (scripts/install.sh does it)")
+_warned: set[str] = set()
+
+
+def missing_kernel_warning(name: str, arch: str) -> str:
+    """What the first use of kernel `name` on a CUDA device of `arch` (e.g. "sm_90a") says when the
+    kernel is not compiled for it: why, what runs instead, and how to get the kernel."""
+    if not HAS_KERNELS:
+        why, fix = _IMPORT_ERROR, _REINSTALL
+    elif arch not in SUPPORTED_ARCHS:
+        why = f"snip compiles its kernels for {', '.join(f'{a} ({d})' for a, d in SUPPORTED_ARCHS.items())} only"
+        fix = "nothing to build for this GPU; on one of those, the kernels run"
+    elif not compiled_archs():
+        why, fix = "snip_ops._C was built without CUDA (SNIP_NO_CUDA=1, or a CPU-only torch)", _REINSTALL
+    elif arch not in compiled_archs():
+        why = f"snip_ops._C was built for {', '.join(compiled_archs())} only"
+        fix = f"{_REINSTALL}, with SNIP_CUDA_ARCHS unset or including {arch.removeprefix('sm_')}"
+    else:
+        why = f"snip_ops._C for {arch} lacks the {name} kernel (built without the CUTLASS headers?)"
+        fix = f"{_REINSTALL}, after pip install --no-deps nvidia-cutlass==4.2.0.0"
+    return (f"snip: no {name} kernel for this {arch} GPU: {why}. Its work runs on the emulated PyTorch paths "
+            f"instead (the reference quantizer and optimizer; GEMMs on BF16 tensor cores, blockwise_bf16 or "
+            f"bf16_exact): the same results, but slower than BF16 training. Fix: {fix}; "
+            f"snip_ops.build_info() tells what this install has.")
+
+
+@torch.compiler.assume_constant_result  # runs once, eagerly, when traced: never a graph break
+def _warn_missing_kernel(name: str, arch: str) -> bool:
+    """One RuntimeWarning per process and device arch, at the first kernel found missing there."""
+    if arch in _warned:
+        return False
+    _warned.add(arch)
+    warnings.warn(missing_kernel_warning(name, arch), RuntimeWarning, stacklevel=4)
+    return True
 
 
 def build_info() -> dict:
