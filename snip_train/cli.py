@@ -129,7 +129,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                         "checkpoint's)")
     g.add_argument("--resume", default=None, metavar="DIR",
                    help="continue the run whose checkpoint is in DIR (its --out), bit for bit as if it had not "
-                        "stopped; give the run's own flags (they are checked against the checkpoint)")
+                        "stopped, with the flags it was started with (the checkpoint holds them). Flags given "
+                        "beside it must agree with the checkpoint, except --steps N (a longer or shorter run: "
+                        "the warmup stays, the cosine decay spans N steps from here on), --checkpoint-interval, "
+                        "--threads, --name, --save and --no-progress")
     add_planner_args(p)
 
 
@@ -154,6 +157,33 @@ def _check_train_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--branch-at must be in 0..{args.steps - 1} (below --steps), got {args.branch_at}")
 
 
+# `snip train` flags a run's checkpoint does not hold: where it is, and how this invocation reports errors.
+_NOT_INHERITED = ("resume", "out", "debug")
+
+
+def _command(args: argparse.Namespace) -> dict:
+    """The `snip train` flags of this run (every one, typed or default), for its checkpoints: `--resume`
+    alone continues the run with them."""
+    return {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in _NOT_INHERITED}
+
+
+def _inherit_command(args: argparse.Namespace, resume) -> None:
+    """Give the flags not typed beside --resume the values the checkpoint's run was started with. Typed
+    ones are kept, and checked against the checkpoint later (`train._check_resume`, the planner's
+    hooks). A new --steps keeps the run's warmup (which defaults to a share of the steps)."""
+    from .train import TrainConfig, warmup_steps
+
+    saved = resume.config.get("command")
+    typed = getattr(args, "_typed", None)  # None: not parsed by `main`, every flag counts as typed
+    if saved is None or typed is None:  # a checkpoint from before the command was recorded: the flags are the run's
+        return
+    for dest, value in saved.items():
+        if dest not in typed and dest not in _NOT_INHERITED and hasattr(args, dest):
+            setattr(args, dest, value)
+    if args.steps != saved.get("steps") and "warmup" not in typed and args.warmup is None:
+        args.warmup = warmup_steps(TrainConfig(steps=resume.config["steps"], warmup_steps=resume.config["warmup_steps"]))
+
+
 def _run_train(args: argparse.Namespace) -> int:
     import torch
 
@@ -171,6 +201,9 @@ def _run_train(args: argparse.Namespace) -> int:
             raise UsageError(f"--resume continues the run in its own directory ({args.resume}); leave out --out "
                              f"(got {args.out})")
         resume = load_checkpoint(args.resume)
+        _inherit_command(args, resume)
+        live = args.precision == LIVE_PLANNER
+        planner = config_from_args(args) if live else None
     if args.threads:
         torch.set_num_threads(args.threads)
     prec_tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.precision).stem if args.precision.endswith(".json")
@@ -189,6 +222,7 @@ def _run_train(args: argparse.Namespace) -> int:
         token_dtype=args.token_dtype, seed=args.seed, device=args.device, eval_interval=args.eval_interval,
         eval_batches=args.eval_batches, out_dir=out, name=name, save_checkpoint=args.save,
         checkpoint_interval=interval, deterministic=args.deterministic, progress=not args.no_progress, verbose=True,
+        command=_command(args),
     )
     check_config(cfg)  # before any data is loaded (train checks again)
     if comparison is not None:
@@ -324,7 +358,9 @@ COMMANDS: dict[str, Command] = {
 _DEBUG_HELP = "on a user error, show the traceback instead of the one-line message"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(suppress_defaults: bool = False) -> argparse.ArgumentParser:
+    """The `snip` parser; with `suppress_defaults` a flag that is not typed is left out of the result
+    (what `main` uses to tell typed flags from defaults)."""
     parser = _Parser(prog="snip", description="snip: adaptive FP8/FP4 mixed-precision LLM training.")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -334,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
         if not any("--debug" in a.option_strings for a in sp._actions):  # `snip train ... --debug` too
             sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
         sp.set_defaults(_run=cmd.run)
+        if suppress_defaults:
+            for action in sp._actions:
+                action.default = argparse.SUPPRESS
     return parser
 
 
@@ -347,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "_run", None) is None:
             parser.print_help()
             return 2
+        args._typed = frozenset(vars(build_parser(suppress_defaults=True).parse_args(argv)))
         return int(args._run(args) or 0)
     except UsageError as e:
         if args.debug if args is not None else "--debug" in argv:

@@ -56,6 +56,7 @@ import random
 import re
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -134,11 +135,15 @@ class TrainConfig:
     on_step: Callable[[int, nn.Module, torch.Tensor], Any] | None = field(default=None, repr=False)
     on_loss: Callable[[int, float], Any] | None = field(default=None, repr=False)
     hooks_state: Callable[[], Any] | None = field(default=None, repr=False)
+    # the `snip train` flags that started the run, kept in its checkpoints for `snip train --resume DIR`
+    command: Mapping[str, Any] | None = field(default=None, repr=False)
 
 
 # What a run writes and shows, not what it computes: a resumed run may change these.
 RUN_ONLY_FIELDS = ("out_dir", "name", "precision_name", "save_checkpoint", "checkpoint_interval", "progress",
-                   "verbose", "prepare_model", "on_setup", "on_step", "on_loss", "hooks_state")
+                   "verbose", "prepare_model", "on_setup", "on_step", "on_loss", "hooks_state", "command")
+# What a resumed run may change beside them: its length (the learning-rate schedule then spans the new one).
+RESUME_MAY_CHANGE = ("steps",)
 
 
 # ---------------------------------------------------------------------------------------
@@ -388,9 +393,17 @@ def train(cfg: TrainConfig, *, start: TrainState | None = None, stop_at: int | N
 
 def _check_resume(cfg: TrainConfig, ckpt: Checkpoint) -> None:
     """`UsageError` unless `ckpt` is a checkpoint of the run `cfg` describes."""
-    diffs = differences(ckpt.config, config_json(cfg), RUN_ONLY_FIELDS)
+    # The warmup as the runs use it: a default one follows the steps, which a resumed run may change.
+    saved = {**ckpt.config, "warmup_steps": warmup_steps(TrainConfig(steps=ckpt.config.get("steps", 0),
+                                                                      warmup_steps=ckpt.config.get("warmup_steps")))}
+    current = {**config_json(cfg), "warmup_steps": warmup_steps(cfg)}
+    diffs = differences(saved, current, RUN_ONLY_FIELDS + RESUME_MAY_CHANGE)
     if diffs:
-        raise UsageError(f"the checkpoint belongs to another run: {'; '.join(diffs)}")
+        hint = "" if "command" in ckpt.config else " (the checkpoint predates recorded commands: give the run's flags)"
+        raise UsageError(f"the checkpoint belongs to another run: {'; '.join(diffs)}{hint}")
+    if cfg.steps <= ckpt.state.step:
+        raise UsageError(f"the checkpoint is at step {ckpt.state.step}: a resumed run needs more steps than that "
+                         f"(got {cfg.steps})")
     if (ckpt.hooks is None) != (cfg.hooks_state is None):
         had = "with" if ckpt.hooks is not None else "without"
         raise UsageError(f"the checkpoint was written by a run {had} training-loop hooks (a live planner); resume "

@@ -5,6 +5,7 @@ live planner; a damaged checkpoint, or one of another run, is refused with a cle
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,8 +101,29 @@ def test_a_run_killed_between_steps_resumes_bit_for_bit(uninterrupted, tmp_path)
     planner, whole = uninterrupted
     out = tmp_path / "run"
     _kill_after_first_checkpoint(_argv(planner, out), out)
-    assert cli.main(_argv(planner, out, "--resume", str(out))) == 0  # the same command, resumed
+    assert cli.main(["train", "--resume", str(out)]) == 0  # the checkpoint holds the run's flags
     _assert_same_run(_outcome(out), _outcome(whole))
+
+
+def test_a_resumed_run_may_take_more_steps(uninterrupted, tmp_path, capsys):
+    """--steps beside --resume extends the run: the history so far and the warmup are the run's, the
+    cosine decay spans the new length; fewer steps than the checkpoint's is refused."""
+    planner, whole = uninterrupted
+    out = tmp_path / "run"
+    shutil.copytree(whole, out)
+    at = load_checkpoint(out).state.step
+    assert cli.main(["train", "--resume", str(out), "--steps", str(at)]) == 2
+    assert f"the checkpoint is at step {at}" in capsys.readouterr().err
+    assert cli.main(["train", "--resume", str(out), "--steps", str(STEPS + 6)]) == 0
+    longer = json.loads((out / "summary.json").read_text())
+    before = json.loads((whole / "summary.json").read_text())["history"]["train"]
+    train_history = longer["history"]["train"]
+    assert train_history["step"] == list(range(1, STEPS + 7)) and longer["config"]["steps"] == STEPS + 6
+    for key in ("loss", "lr", "grad_norm"):
+        assert train_history[key][:at] == before[key][:at], key
+    warmup = max(1, min(100, STEPS // 10))  # the run's default warmup, not the longer run's
+    assert train_history["lr"].index(max(train_history["lr"])) == warmup - 1
+    assert train_history["lr"][at] > before["lr"][at]  # the decay spans more steps
 
 
 def test_a_kill_inside_a_checkpoint_write_keeps_the_previous_checkpoint(uninterrupted, tmp_path):
@@ -120,7 +142,7 @@ def test_a_kill_inside_a_checkpoint_write_keeps_the_previous_checkpoint(uninterr
 def test_a_checkpoint_of_another_run_is_refused(uninterrupted, capsys):
     planner, whole = uninterrupted
     base = _argv(planner, whole, "--resume", str(whole))
-    mismatches = [(["--steps", "30"], "steps: checkpoint 24, this run 30"),
+    mismatches = [(["--batch-size", "4"], "batch_size: checkpoint 2, this run 4"),
                   (["--preset", "mini"], "preset: checkpoint 'tiny', this run 'mini'")]
     if planner:
         mismatches += [(["--planner-candidates", "fp8,nvfp4"], "candidates: checkpoint ['fp8', 'fp4']"),
@@ -131,8 +153,10 @@ def test_a_checkpoint_of_another_run_is_refused(uninterrupted, capsys):
         assert cli.main([*base, *flags]) == 2
         err = capsys.readouterr().err
         assert err.startswith("snip: error: ") and message in err and err.count("\n") == 1, err
+        assert cli.main(["train", "--resume", str(whole), *flags]) == 2  # typed beside --resume alone
+        assert message in capsys.readouterr().err
     if planner:  # the same run without its planner
-        assert cli.main(_argv(False, whole, "--resume", str(whole))) == 2
+        assert cli.main(_argv(False, whole, "--resume", str(whole), "--precision", "bf16")) == 2
         assert "written by a run with training-loop hooks" in capsys.readouterr().err
 
 
