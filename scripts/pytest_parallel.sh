@@ -14,4 +14,8 @@ if ! "$py" -c "import xdist" 2>/dev/null; then exec "$py" -m pytest "$@"; fi
 cores=$(nproc 2>/dev/null || echo 1)
 workers=$(( cores < 8 ? cores : 8 ))
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / workers ))}
+# Idle OpenMP threads sleep instead of spinning: the workers (and the processes tests start) share
+# the cores, and a spinning pool takes them from the others (bench/results/cpu-build-and-test.md);
+# it changes no result.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 exec "$py" -m pytest -n "$workers" --dist worksteal "$@"

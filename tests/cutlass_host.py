@@ -97,7 +97,8 @@ def _build(arch: str) -> Path:
     key = b"".join(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes()
                    for path in sorted(_project_sources(source(arch))))
     key += (cutlass / "include" / "cutlass" / "version.h").read_bytes()
-    key += "\0".join([nvcc_version, *flags]).encode()
+    # the flags as they read in any clone of this tree: another clone's build is as good as one of this
+    key += "\0".join([nvcc_version, *(f.replace(str(ROOT), "<tree>") for f in flags)]).encode()
 
     def compile_to(out: Path) -> None:
         done = subprocess.run([nvcc, *flags, str(source(arch)), "-o", str(out)], capture_output=True, text=True)

@@ -3,6 +3,7 @@ capability, operand conversions (E2M1 -> E4M3 re-encoding, MN-major Hopper scale
 scales, padding), the C++ ops' argument checks and Meta functions, the tile heuristic, the fallback
 paths' numerics, and the SASS of the built kernels (QGMMA on sm_90a, UTC*MMA on sm_100a)."""
 
+import functools
 import os
 import re
 import shutil
@@ -699,6 +700,7 @@ def _cuobjdump():
     return next((c for c in cands if c and os.access(c, os.X_OK)), None)
 
 
+@functools.lru_cache(maxsize=None)  # one disassembly of the extension per arch and process (seconds each)
 def _sass_functions(arch: str) -> dict[str, str]:
     exe = _cuobjdump()
     if exe is None:
