@@ -12,6 +12,7 @@ dequantization, casts, the Philox bits and the AdamW step (reference and op).
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,3 +118,13 @@ def test_adamw_step(implementation, bf16_sr):
         return [p, m, v]
 
     _same_at_every_thread_count(compute)
+
+
+def test_every_thread_free_entry_names_a_test_module():
+    from conftest import THREAD_FREE
+
+    root = Path(__file__).resolve().parents[1]
+    for key, why in THREAD_FREE.items():
+        path, _, name = key.partition("::")
+        assert (root / path).is_file() and why, key
+        assert not name or f"def {name}" in (root / path).read_text(), key
