@@ -1,7 +1,7 @@
 """The library's bit-exact code gives the same bits at any intra-op thread count, which is why CI runs
 the tests that check only such code once, and again at another thread count only the tests marked
-`threads` (tests/conftest.py: float reductions and GEMMs, whose summation order BLAS and torch's
-parallel reductions choose per thread count).
+`threads` (tests/conftest.py, tests/thread_free.py: float reductions and GEMMs, whose summation order
+BLAS and torch's parallel reductions choose per thread count).
 
 Each case runs at 1, 2 and 3 threads on tensors large enough that torch splits its loops among the
 threads (over 32768 elements per op, torch's grain size) and the results compare bit for bit: the
@@ -121,7 +121,7 @@ def test_adamw_step(implementation, bf16_sr):
 
 
 def test_every_thread_free_entry_names_a_test_module():
-    from conftest import THREAD_FREE
+    from thread_free import THREAD_FREE
 
     root = Path(__file__).resolve().parents[1]
     for key, why in THREAD_FREE.items():
