@@ -59,11 +59,8 @@ class BuildError(SetupError):
 
 
 def build_plan():
-    """True: build the extension with its CUDA kernels; False: without CUDA (the CPU implementations);
-    None: no extension (pure Python, asked for with SNIP_NO_EXT=1). Raises BuildError when what this
-    environment allows is less than a plain install should give."""
-    if _truthy("SNIP_NO_EXT"):
-        return None
+    """True: build the extension with its CUDA kernels; False: without CUDA (the CPU implementations).
+    Raises BuildError when what this environment allows is less than a plain install should give."""
     try:
         import torch
     except ImportError as e:
@@ -186,7 +183,8 @@ class CMakeBuild(build_ext):
 
 
 WITH_CUDA = None
-if _truthy("SNIP_NO_EXT"):
+PURE_PYTHON = _truthy("SNIP_NO_EXT")  # no extension at all: CMakeBuild never runs
+if PURE_PYTHON:
     print("snip: SNIP_NO_EXT is set: installing pure Python, without snip_ops._C (no kernels)", flush=True)
     if "editable_wheel" in sys.argv or "develop" in sys.argv:
         # An editable install would otherwise keep importing a stale module from an earlier build.
@@ -194,6 +192,6 @@ if _truthy("SNIP_NO_EXT"):
             stale.unlink()
 
 setup(
-    ext_modules=[] if _truthy("SNIP_NO_EXT") else [CMakeExtension("snip_ops._C")],
+    ext_modules=[] if PURE_PYTHON else [CMakeExtension("snip_ops._C")],
     cmdclass={"build_ext": CMakeBuild},
 )

@@ -171,17 +171,17 @@ def _inherit_command(args: argparse.Namespace, resume) -> None:
     """Give the flags not typed beside --resume the values the checkpoint's run was started with. Typed
     ones are kept, and checked against the checkpoint later (`train._check_resume`, the planner's
     hooks). A new --steps keeps the run's warmup (which defaults to a share of the steps)."""
-    from .train import TrainConfig, warmup_steps
+    from .train import saved_warmup_steps
 
     saved = resume.config.get("command")
     typed = getattr(args, "_typed", None)  # None: not parsed by `main`, every flag counts as typed
     if saved is None or typed is None:  # a checkpoint from before the command was recorded: the flags are the run's
         return
     for dest, value in saved.items():
-        if dest not in typed and dest not in _NOT_INHERITED and hasattr(args, dest):
+        if dest not in typed and hasattr(args, dest):  # a flag this version no longer has stays out
             setattr(args, dest, value)
     if args.steps != saved.get("steps") and "warmup" not in typed and args.warmup is None:
-        args.warmup = warmup_steps(TrainConfig(steps=resume.config["steps"], warmup_steps=resume.config["warmup_steps"]))
+        args.warmup = saved_warmup_steps(resume.config)
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -192,9 +192,6 @@ def _run_train(args: argparse.Namespace) -> int:
     from .train import TrainConfig, check_config, learning_rates, train
 
     _check_train_flags(args)
-    live = args.precision == LIVE_PLANNER  # one run, the planner choosing its precision as it goes
-    planner = config_from_args(args) if live else None
-    comparison = comparison_from_args(args, args.steps)
     resume = None
     if args.resume:
         if args.out and Path(args.out).resolve() != Path(args.resume).resolve():
@@ -202,8 +199,9 @@ def _run_train(args: argparse.Namespace) -> int:
                              f"(got {args.out})")
         resume = load_checkpoint(args.resume)
         _inherit_command(args, resume)
-        live = args.precision == LIVE_PLANNER
-        planner = config_from_args(args) if live else None
+    live = args.precision == LIVE_PLANNER  # one run, the planner choosing its precision as it goes
+    planner = config_from_args(args) if live else None
+    comparison = comparison_from_args(args, args.steps)
     if args.threads:
         torch.set_num_threads(args.threads)
     prec_tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(args.precision).stem if args.precision.endswith(".json")

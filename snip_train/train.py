@@ -303,6 +303,11 @@ def warmup_steps(cfg: TrainConfig) -> int:
     return cfg.warmup_steps if cfg.warmup_steps is not None else max(1, min(100, cfg.steps // 10))
 
 
+def saved_warmup_steps(config: Mapping[str, Any]) -> int:
+    """`warmup_steps` of a run from its config as JSON (a checkpoint's)."""
+    return warmup_steps(TrainConfig(steps=config.get("steps", 0), warmup_steps=config.get("warmup_steps")))
+
+
 def learning_rates(cfg: TrainConfig) -> Callable[[int], float]:
     """step -> the loop's learning rate at that step (`lr_at`), and 0 from ``cfg.steps`` on, where the run takes
     no more steps: the schedule the planner's WD horizon looks ahead along (SnipPlanner's lr_schedule)."""
@@ -394,8 +399,7 @@ def train(cfg: TrainConfig, *, start: TrainState | None = None, stop_at: int | N
 def _check_resume(cfg: TrainConfig, ckpt: Checkpoint) -> None:
     """`UsageError` unless `ckpt` is a checkpoint of the run `cfg` describes."""
     # The warmup as the runs use it: a default one follows the steps, which a resumed run may change.
-    saved = {**ckpt.config, "warmup_steps": warmup_steps(TrainConfig(steps=ckpt.config.get("steps", 0),
-                                                                      warmup_steps=ckpt.config.get("warmup_steps")))}
+    saved = {**ckpt.config, "warmup_steps": saved_warmup_steps(ckpt.config)}
     current = {**config_json(cfg), "warmup_steps": warmup_steps(cfg)}
     diffs = differences(saved, current, RUN_ONLY_FIELDS + RESUME_MAY_CHANGE)
     if diffs:

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from native_build import skip_or_fail
+
 from snip_ops import _ext, reference
 from snip_ops.cast import decode, encode, round_to_format
 from snip_ops.formats import E2M1, E4M3, E5M2, RECIPES, Rounding
@@ -71,7 +73,7 @@ SPECS = sorted({s for r in RECIPES.values() for s in (r.act, r.weight, r.grad) i
 @pytest.mark.parametrize("implementation", ["reference", "cpu_op"])
 def test_quantize_and_dequantize(spec, implementation):
     if implementation == "cpu_op" and not _ext.kernel_available("quantize", "cpu"):
-        pytest.skip("no compiled CPU quantizer (pure-Python install)")
+        skip_or_fail("no compiled CPU quantizer (pure-Python install)")
     quant = reference.quantize if implementation == "reference" else quantize
     dequant = reference.dequantize if implementation == "reference" else dequantize
     x = _data()
@@ -103,7 +105,7 @@ def test_casts_and_philox_bits():
 @pytest.mark.parametrize("implementation", ["reference", "cpu_op"])
 def test_adamw_step(implementation, bf16_sr):
     if implementation == "cpu_op" and not _ext.kernel_available("adamw", "cpu"):
-        pytest.skip("no compiled CPU AdamW (pure-Python install)")
+        skip_or_fail("no compiled CPU AdamW (pure-Python install)")
     dtype = torch.bfloat16 if bf16_sr else torch.float32
     s = adamw_scalars(1e-3, 0.9, 0.95, 1e-8, 0.1, 3)
 
