@@ -1,4 +1,4 @@
-"""Baseline plans for comparison (DESIGN.md §4 "Validation"), with the same interface as `ilp.solve`.
+"""Baseline plans for comparison (docs/design.md §4 "Validation"), with the same interface as `ilp.solve`.
 
     baseline(name, stats, budget, high="fp8", low="fp4", ...) -> Plan
 
@@ -12,7 +12,7 @@ error-based baselines, which pay the error of whichever precision the layer gets
 * "first_last":    layers of the first and last transformer block (and layers outside blocks) score 1, the
                    others ~0, so the end blocks are the last to go low;
 * "layer_type":    layers whose name ends in one of `keep` (default down_proj, o_proj) score 1, the rest ~0;
-* "min_rel_error": the sum over the three GEMMs of the relative squared error e_g(p) (DESIGN.md §4.2):
+* "min_rel_error": the sum over the three GEMMs of the relative squared error e_g(p) (docs/design.md §4.2):
                    no curvature, no optimizer;
 * "min_abs_error": the same errors times the squared norm of each GEMM's exact output, ||y||^2, ||dx||^2,
                    ||dW||^2 on the calibration batch: absolute squared error (a layer with large outputs
@@ -38,7 +38,7 @@ from typing import Sequence
 from snip_ops.formats import GEMMS
 
 from .cost import Budget, layer_shapes, plan_metrics
-from .ilp import DEFAULT_LAMBDA, Objective, make_plan, solve, validate_candidates
+from .ilp import DEFAULT_LAMBDA, Constraints, Heuristic, Objective, make_plan, solve, validate_candidates
 from .plan import Plan
 from .stats import LayerStats, PlannerStats
 
@@ -103,8 +103,8 @@ def baseline(name: str, stats: PlannerStats, budget: Budget, high: str = "fp8", 
     if name.startswith("uniform_"):
         return _uniform(name, stats, budget, lam, tokens)
     objective = baseline_objective(name, stats, low, seed=seed, keep=keep, granularity=granularity)
-    return solve(stats, budget, (high, low), lam=lam, granularity=granularity, tokens=tokens, time_limit=time_limit,
-                 objective=objective, method=name)
+    return solve(stats, budget, (high, low), lam=lam, granularity=granularity,
+                 constraints=Constraints(tokens=tokens), heuristic=Heuristic(name, objective), time_limit=time_limit)
 
 
 def _uniform(name: str, stats: PlannerStats, budget: Budget, lam: float, tokens: int | None) -> Plan:
@@ -114,4 +114,5 @@ def _uniform(name: str, stats: PlannerStats, budget: Budget, lam: float, tokens:
     shapes = layer_shapes(stats.layers, tokens)
     choice = {(n, g): p for n in names for g in GEMMS}
     met = budget.satisfied_by(plan_metrics(choice, shapes, budget.cost_model))
-    return make_plan(choice, names, stats, budget, (p,), lam, "layer", shapes, name, {"meets_budget": float(met)})
+    return make_plan(choice, stats, budget, shapes, candidates=(p,), lam=lam, granularity="layer", method=name,
+                     extra={"meets_budget": float(met)})

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
-import itertools
 import json
 import math
 import os
@@ -48,14 +47,13 @@ from snip_ops.reference import divide_by
 
 from .baselines import BASELINES, baseline, baseline_objective
 from .cost import Budget
-from .divergence import DivergenceConfig, LogitsFn, lm_logits, measure
+from .divergence import DivergenceConfig, LogitsFn, PlannedModel, lm_logits, measure
 from .fsdp import OptimizerView, unsharded_for_planning
-from .ilp import DEFAULT_LAMBDA, OBJECTIVE_TERMS, assignment_objective, snip_objective, solve, validate_candidates
+from .ilp import (DEFAULT_LAMBDA, OBJECTIVE_TERMS, Constraints, assignment_objective, snip_objective, solve,
+                  validate_candidates)
 from .plan import Plan
 from .schedule import PrecisionSchedule, ScheduleState
 from .stats import LossFn, PlannerStats, StatsConfig, batch_rows, first_rows
-
-RUN_END_LOOKAHEAD = 10**6  # steps of lr_schedule searched for the run's end (wd_horizon "run_end")
 
 __all__ = ["PlannerConfig", "SnipPlanner", "default_loss_fn"]
 
@@ -69,7 +67,7 @@ class PlannerConfig:
     terms: str = "ld+wd"                      # SNIP's objective, or one of its terms alone (ilp.OBJECTIVE_TERMS)
     schedule: PrecisionSchedule | None = None  # re-plans on triggers and a raised budget (planner.schedule)
     granularity: str = "gemm"                 # "gemm" (fprop, dgrad, wgrad apart) or "layer" (one per layer)
-    wd_horizon: int | str = "interval"        # WD's horizon: "interval", a number of steps, "run_end" or "settled"
+    wd_horizon: int | str = "interval"        # WD's horizon: "interval", a number of steps or "settled"
     method: str = "snip"                      # "snip" (the ILP) or a baseline name (baselines.BASELINES)
     baseline_seed: int = 0                    # the "random" baseline's draw of layer priorities
     pinned: Mapping[str, object] = field(default_factory=dict)  # {FQN or pattern: precision}
@@ -90,25 +88,22 @@ class PlannerConfig:
         if self.terms not in OBJECTIVE_TERMS:
             raise ValueError(f"terms must be one of {OBJECTIVE_TERMS}, got {self.terms!r}")
         steps = isinstance(self.wd_horizon, int) and not isinstance(self.wd_horizon, bool) and self.wd_horizon >= 1
-        if not steps and self.wd_horizon not in ("interval", "run_end", "settled"):
-            raise ValueError(f"wd_horizon must be 'interval', 'run_end', 'settled' or a number of steps >= 1, "
+        if not steps and self.wd_horizon not in ("interval", "settled"):
+            raise ValueError(f"wd_horizon must be 'interval', 'settled' or a number of steps >= 1, "
                              f"got {self.wd_horizon!r}")
         if self.schedule is not None and self.schedule.drift is not None and self.schedule.min_interval > self.interval:
             raise ValueError(f"the schedule's min_interval ({self.schedule.min_interval}) exceeds interval "
                              f"({self.interval})")
         if self.divergence.wd_horizon is not None:
             raise ValueError("set the horizon as PlannerConfig.wd_horizon, not DivergenceConfig.wd_horizon")
-        if self.divergence.wd_units != "loss" and self.wd_horizon != "settled":
-            raise ValueError(f"wd_units {self.divergence.wd_units!r} has no horizon: pass wd_horizon='settled'")
 
     @property
     def divergence_config(self) -> DivergenceConfig:
         """`divergence` with the horizon resolved: a plan lives `interval` steps, so by default WD prices the
-        excess loss its gradient noise causes within them (divergence.py, "wd_horizon"); "run_end" prices what that
-        noise leaves at the run's end, along SnipPlanner's lr_schedule (planner.horizon)."""
+        excess loss its gradient noise causes within them (divergence.py, "wd_horizon")."""
         if self.wd_horizon == "settled":
             return self.divergence
-        horizon = self.interval if self.wd_horizon in ("interval", "run_end") else self.wd_horizon
+        horizon = self.interval if self.wd_horizon == "interval" else self.wd_horizon
         return dataclasses.replace(self.divergence, wd_horizon=horizon)
 
 
@@ -140,10 +135,6 @@ class SnipPlanner:
         # step -> learning rate (any scale: WD's horizon reads its ratios to the re-plan step's), e.g. the
         # training loop's schedule or a LambdaLR's lr_lambda; None: the learning rate stays where it is
         self.lr_schedule = lr_schedule
-        if self.config.wd_horizon == "run_end" and lr_schedule is None:
-            raise ValueError("wd_horizon='run_end' looks ahead to the run's end: pass lr_schedule (0 from the run's "
-                             "end on, as snip_train.learning_rates gives)")
-        self._lr_tail: tuple[int, list[float]] | None = None  # (first step, the schedule's suffix sums to the end)
         self.log = log or (lambda msg: None)
         # Without tp_group every rank is a data-parallel replica (dp_group None: the whole world); with it,
         # dp_group None means one replica (no data parallelism).
@@ -241,14 +232,14 @@ class SnipPlanner:
         sched = self.config.schedule
         noise = sched is not None and sched.noise_ratio is not None and (batch_rows(batch) or 0) >= 2
         ratios = self._lr_ratios(step)
-        after = self._lr_after(step) if ratios is not None else 0.0
         with contextlib.ExitStack() as stack:
             optimizer = stack.enter_context(unsharded_for_planning(self.model, self.optimizer))  # no-op without FSDP2
             if self.tp_group is not None:
                 optimizer = stack.enter_context(_whole_tensor_parallel_layers(self.model, optimizer))
-            stats = measure(self.model, self.layers, optimizer, batch, loss_fn or self.loss_fn,
-                            self.config.candidates, self.config.stats, self.config.divergence_config, step,
-                            self._logits_fn(batch, loss_fn), gradient_noise=noise, lr_ratios=ratios, lr_after=after)
+            planned = PlannedModel(self.model, self.layers, optimizer, loss_fn or self.loss_fn,
+                                   self._logits_fn(batch, loss_fn))
+            stats = measure(planned, batch, self.config.candidates, self.config.stats, self.config.divergence_config,
+                            step, gradient_noise=noise, lr_ratios=ratios)
         if not _distributed():
             return stats
         if self.tp_group is None:
@@ -272,29 +263,6 @@ class SnipPlanner:
             raise ValueError(f"lr_schedule gave {rate} at step {step}: learning rates must be finite and >= 0")
         return rate
 
-    def _lr_after(self, step: int) -> float:
-        """With wd_horizon "run_end": the sum, over the steps from the end of WD's horizon to the run's end (the
-        schedule's first 0 from there on), of their learning rates relative to `step`'s (> 0); else 0. The
-        schedule is read once, at the first re-plan, up to RUN_END_LOOKAHEAD steps ahead."""
-        if self.config.wd_horizon != "run_end":
-            return 0.0
-        start = step + self.config.divergence_config.wd_horizon
-        if self._lr_tail is None or start < self._lr_tail[0]:
-            rates = []
-            for t in range(start, start + RUN_END_LOOKAHEAD):
-                r = self._scheduled_lr(t)
-                if r == 0:
-                    break
-                rates.append(r)
-            else:
-                raise ValueError(f"wd_horizon='run_end': lr_schedule is not 0 within {RUN_END_LOOKAHEAD} steps of "
-                                 f"step {start}, so the run has no end to price WD at")
-            suffix = list(itertools.accumulate(reversed(rates)))[::-1]
-            self._lr_tail = (start, suffix)
-        first, suffix = self._lr_tail
-        i = start - first
-        return suffix[i] / self._scheduled_lr(step) if i < len(suffix) else 0.0
-
     def _logits_fn(self, batch, loss_fn: LossFn | None) -> LogitsFn | None:
         """The given logits_fn; else, for the default loss of a causal LM on a window batch [B, T+1] (the
         convention of `model.loss`), `lm_logits`; else None (no Fisher curvature)."""
@@ -310,8 +278,8 @@ class SnipPlanner:
         c = self.config
         budget = budget or self.schedule_state.budget(c.schedule, c.budget)
         if c.method == "snip":
-            return solve(stats, budget, c.candidates, lam=c.lam, granularity=c.granularity, pinned=c.pinned,
-                         stages=c.stages, tokens=c.tokens_per_step, terms=c.terms)
+            return solve(stats, budget, c.candidates, lam=c.lam, granularity=c.granularity, terms=c.terms,
+                         constraints=Constraints(pinned=c.pinned, stages=c.stages, tokens=c.tokens_per_step))
         high, low = c.candidates[0], c.candidates[-1]  # e.g. ("fp8", "fp4")
         return baseline(c.method, stats, budget, high, low, lam=c.lam, granularity=c.granularity,
                         tokens=c.tokens_per_step, seed=c.baseline_seed)
@@ -342,7 +310,7 @@ class SnipPlanner:
         if sched is not None and sched.noise_ratio is not None and not self.schedule_state.noisy:
             quantization = plan.metrics.get("wd", 0.0) * stats.loss  # sum of WD (loss units) of the plan's GEMMs
             noise = stats.diagnostics.get("gradient_noise_loss")
-            if (noise is not None and stats.wd_units == "loss" and quantization > 0
+            if (noise is not None and quantization > 0
                     and noise / quantization < sched.noise_ratio):
                 plan, noisy = self.solve(stats, sched.raised_budget), True
         regret = None if self._drift is None or self.plan is None else self.regret(self.plan, plan, stats)

@@ -1,4 +1,4 @@
-"""What a plan costs: GEMM shapes, cost models (theoretical or measured) and budgets (DESIGN.md §4.5).
+"""What a plan costs: GEMM shapes, cost models (theoretical or measured) and budgets (docs/design.md §4.5).
 
 A linear layer `y = x w^T` with M tokens, K inputs and N outputs runs three GEMMs; each is written
 here as (m, n, k) = (output rows, output columns, reduced dimension):
@@ -76,11 +76,9 @@ class CostModel(Protocol):
 
 
 # Nominal throughput over a BF16 GEMM of each path of snip_ops.gemm_kernels.qgemm, on the GPU it runs
-# on: the tensor cores' rate ratio. Measured on an H200 (bench/results/nvidia-h200-gemm.json, 4096^3 to
-# the Llama-70B layers), sm90_fp8 reaches 1.29-1.55x in fprop and dgrad and 0.90-1.13x in wgrad, and
-# sm90_fp4 0.33-1.24x: its E2M1 -> E4M3 re-encoding is a pass of its own, 1.2-4.6x the FP8 kernel's
-# time (an H100, before that pass was one gather, gave sm90_fp4 0.26-0.35x). For a time budget, price
-# with a measured table (MeasuredCost) rather than with these.
+# on: the tensor cores' rate ratio. The kernels reach less than that, wgrad and sm90_fp4 (whose E2M1 ->
+# E4M3 re-encoding is a pass of its own) least (bench/results/nvidia-h200-gemm.json). For a time budget,
+# price with a measured table (MeasuredCost) rather than with these.
 PATH_SPEEDUP: Mapping[str, float] = {
     "sm90_fp8": 2.0,
     "sm90_fp4": 2.0,        # FP4 on Hopper is the FP8 kernel on re-encoded codes

@@ -1,4 +1,4 @@
-"""Exact optimum of the precision ILP: a certificate that a plan is optimal, or a better plan (DESIGN.md §4.5).
+"""Exact optimum of the precision ILP: a certificate that a plan is optimal, or a better plan (docs/design.md §4.5).
 
 With one budget row per pipeline stage over disjoint units, the ILP splits into one multiple-choice
 knapsack per stage: pick one option j for every unit i, minimise sum v_ij subject to sum w_ij <= capacity

@@ -13,14 +13,6 @@ directions settle at the lower rate of the horizon's end (phi_T -> r_{T-1}) and 
 2 a sum_t r_t^2 instead of 2 a T: in the last interval of a cosine decay WD shrinks towards LD's side.
 A step with r_t = 0 (after the run ends) changes nothing.
 
-The excess loss at the run's end (`wd_horizon="run_end"`). The noise a plan adds during its life is what it is
-answerable for; after it the deviation keeps contracting along the schedule's later steps, with no noise of this
-plan's added (the later plans' own noise is theirs to price: in this linear model the variances of independent
-noise add), so at the run's end, R = sum r_t over the steps after the horizon,
-    phi_end = phi_T exp(-2 a R).
-The stiff directions forget a plan's noise within a few 1/a steps of its end; the flat ones keep what they
-gathered. The noise of a plan long before the end costs only in the flat directions.
-
 phi_T is a function of a alone for a given schedule, so it is tabulated once on a log-spaced grid of a
 and interpolated per parameter entry: T steps on the grid instead of T passes over every parameter
 (a ~100-step horizon over ten million parameters would cost seconds). Off the grid: below it the
@@ -54,36 +46,21 @@ def _step(phi: torch.Tensor, rate: torch.Tensor, r: float) -> torch.Tensor:
     return phi * decay + r * -torch.expm1(-2 * r * rate)
 
 
-def _after(after: float) -> float:
-    after = float(after)
-    if not (math.isfinite(after) and after >= 0):
-        raise ValueError(f"after (the summed learning-rate ratios after the horizon) must be finite and >= 0, "
-                         f"got {after}")
-    return after
-
-
-def horizon_fraction_exact(rate: torch.Tensor, lr_ratios: Sequence[float],
-                           after_ratios: Sequence[float] = ()) -> torch.Tensor:
-    """phi_T(a) for `rate` = a elementwise by the recursion itself (T passes over `rate`), then the noise-free
-    steps `after_ratios` (the contraction alone, step by step): the reference."""
+def horizon_fraction_exact(rate: torch.Tensor, lr_ratios: Sequence[float]) -> torch.Tensor:
+    """phi_T(a) for `rate` = a elementwise by the recursion itself (T passes over `rate`): the reference."""
     rate = rate.double().clamp_min(0)
     phi = torch.zeros_like(rate)
     for r in _ratios(lr_ratios):
         phi = _step(phi, rate, r)
-    for r in after_ratios:
-        phi = phi * torch.exp(-2 * _after(r) * rate)
     return phi
 
 
 class HorizonTable:
     """phi_T tabulated for one schedule `lr_ratios` [r_0 .. r_{T-1}] (the horizon's learning rates relative to
-    the current one), times exp(-2 a `after`) for the noise-free steps after it whose ratios sum to `after` (0:
-    the horizon's end is where the excess loss is priced); call it on the rates a = lr D G of every parameter
-    tensor (built once per re-plan)."""
+    the current one); call it on the rates a = lr D G of every parameter tensor (built once per re-plan)."""
 
-    def __init__(self, lr_ratios: Sequence[float], after: float = 0.0):
+    def __init__(self, lr_ratios: Sequence[float]):
         ratios = _ratios(lr_ratios)
-        self.after = _after(after)
         positive = [r for r in ratios if r > 0]
         self.empty = not positive
         if self.empty:
@@ -113,5 +90,4 @@ class HorizonTable:
         idx = pos.int().clamp_(max=self.points - 2).flatten()  # int32 index_select: half the time of int64 indexing
         phi = torch.addcmul(self.table.index_select(0, idx).view_as(pos), pos.sub_(idx.view_as(pos)),
                             self.slopes.index_select(0, idx).view_as(pos))
-        phi = torch.where(a < self.lo, self.first_order * a, phi)
-        return phi * torch.exp(-2 * self.after * a) if self.after else phi
+        return torch.where(a < self.lo, self.first_order * a, phi)

@@ -1,11 +1,11 @@
-"""The precision ILP (DESIGN.md §4.5), solved with PuLP + CBC.
+"""The precision ILP (docs/design.md §4.5), solved with PuLP + CBC.
 
 A *unit* is what one decision covers: a layer (granularity "layer", the paper's setting: one
 precision for all three GEMMs) or one GEMM of a layer (granularity "gemm"). Binary x[u, p] says unit
 u runs in precision p; exactly one p per unit. The objective is
 
-    sum_u,p x[u, p] * (LD(l, p) / L + lambda * WD(l, p))        restricted to u's GEMMs:
-    fprop carries LD / L, dgrad carries lambda s_dgrad e_dgrad, wgrad lambda s_wgrad e_wgrad,
+    sum_u,p x[u, p] * (LD(l, p) + lambda * WD(l, p)) / L        restricted to u's GEMMs:
+    fprop carries LD / L, dgrad lambda s_dgrad e_dgrad / L, wgrad lambda s_wgrad e_wgrad / L,
 
 subject to the budget (cost.Budget) on the whole model, or on every pipeline stage separately when
 `stages` is given (each stage then meets the budget on its own share, which keeps stages balanced).
@@ -48,8 +48,8 @@ from .exact import NODE_LIMIT, Certificate, Knapsack, fill, relax, search
 from .plan import Plan
 from .stats import LayerStats, PlannerStats
 
-__all__ = ["DEFAULT_LAMBDA", "OBJECTIVE_TERMS", "InfeasibleBudget", "Objective", "solve", "make_plan", "gemm_objective", "snip_objective",
-           "assignment_objective", "plan_objective",
+__all__ = ["DEFAULT_LAMBDA", "OBJECTIVE_TERMS", "InfeasibleBudget", "Objective", "Constraints", "Heuristic", "solve",
+           "make_plan", "gemm_objective", "snip_objective", "assignment_objective", "plan_objective",
            "validate_candidates", "stage_groups"]
 
 
@@ -58,14 +58,13 @@ OBJECTIVE_TERMS = ("ld+wd", "ld", "wd")
 # An objective term: (layer statistics, GEMM, precision) -> its cost in the ILP's objective.
 Objective = Callable[[LayerStats, str, str], float]
 
-# With WD in loss units (PlannerStats.wd_units "loss", the default) both terms are loss increases relative
-# to L and lambda = 1 weighs them as the loss model says (divergence.py). Statistics in the earlier
-# "update" units (a relative squared change of the Adam update) need their own lambda, ~1e-3 on the tiny model.
+# WD is an excess training loss, so both terms are loss increases relative to L and lambda = 1 weighs them as
+# the loss model says (divergence.py).
 DEFAULT_LAMBDA = 1.0
 
-# CBC's branch-and-bound nodes. Within 10, CBC's plan was already optimal on 394 of 400 random instances
-# (5 to 160 layers), and the exact search repaired the other 6; uncapped, CBC proved every plan itself but
-# took up to a minute on a 70B-like instance (bf16/fp4 per GEMM at cost 0.47). Proof is the search's job.
+# CBC's branch-and-bound nodes. A few nodes already find the optimum on nearly every instance, and the
+# exact search repairs the rest; uncapped, CBC proves every plan itself but can spend minutes proving it
+# on a 70B-like instance. Proof is the search's job, so CBC is capped.
 CBC_NODE_LIMIT = 10
 
 
@@ -96,11 +95,9 @@ def validate_candidates(candidates: Sequence[str], stats: PlannerStats | None = 
     return names
 
 
-def gemm_objective(s: LayerStats, gemm: str, precision: str, loss: float, lam: float, wd_units: str = "loss",
-                   terms: str = "ld+wd") -> float:
-    """The objective term of one GEMM of one layer in `precision` (0 for bf16): LD / L on fprop, lambda WD / L
-    (loss units) or lambda WD (update units) on dgrad and wgrad. `terms` "ld" or "wd" keeps one of them
-    (the ablation of OBJECTIVE_TERMS)."""
+def gemm_objective(s: LayerStats, gemm: str, precision: str, loss: float, lam: float, terms: str = "ld+wd") -> float:
+    """The objective term of one GEMM of one layer in `precision` (0 for bf16): LD / L on fprop, lambda WD / L on
+    dgrad and wgrad. `terms` "ld" or "wd" keeps one of them (the ablation of OBJECTIVE_TERMS)."""
     if recipe(precision).is_bf16:
         return 0.0
     if precision not in s.errors:
@@ -109,12 +106,12 @@ def gemm_objective(s: LayerStats, gemm: str, precision: str, loss: float, lam: f
         return s.ld(precision) / loss if "ld" in terms.split("+") else 0.0
     if "wd" not in terms.split("+"):
         return 0.0
-    return lam * s.wd(precision, gemm) / (loss if wd_units == "loss" else 1.0)
+    return lam * s.wd(precision, gemm) / loss
 
 
 def snip_objective(stats: PlannerStats, lam: float, terms: str = "ld+wd") -> Objective:
-    """SNIP's per-GEMM objective term under `stats` (gemm_objective with its loss and WD units bound)."""
-    return partial(gemm_objective, loss=stats.loss, lam=lam, wd_units=stats.wd_units, terms=terms)
+    """SNIP's per-GEMM objective term under `stats` (gemm_objective with its loss bound)."""
+    return partial(gemm_objective, loss=stats.loss, lam=lam, terms=terms)
 
 
 def assignment_objective(assignment: Mapping[tuple[str, str], str], stats: PlannerStats, term: Objective) -> float:
@@ -127,7 +124,7 @@ def plan_objective(assignment: Mapping[tuple[str, str], str], stats: PlannerStat
     ld = wd = 0.0
     for s in stats.layers:
         for g in GEMMS:
-            term = gemm_objective(s, g, assignment[(s.name, g)], stats.loss, lam, stats.wd_units)
+            term = gemm_objective(s, g, assignment[(s.name, g)], stats.loss, lam)
             if g == "fprop":
                 ld += term
             else:
@@ -321,54 +318,81 @@ def _solve_exact(problem: _Problem, time_limit: float | None) -> tuple[dict[int,
     return results, binaries
 
 
-def solve(stats: PlannerStats, budget: Budget, candidates: Sequence[str] = ("fp8", "fp4"), *,
-          lam: float = DEFAULT_LAMBDA, granularity: str = "layer", pinned: Mapping[str, object] | None = None,
-          stages: Mapping[str, int] | Callable[[str], int] | None = None, tokens: int | None = None,
-          time_limit: float | None = None, objective: Objective | None = None, method: str = "snip",
-          terms: str = "ld+wd") -> Plan:
-    """The plan of minimum sum LD/L + lam WD within `budget` (see the module docstring).
+@dataclass(frozen=True)
+class Constraints:
+    """What a plan must respect besides the budget: `pinned` layers ({FQN or fnmatch pattern: precision}, first
+    match; fixed, outside the ILP, their cost inside the budget), pipeline `stages` ({FQN or pattern: stage}, or a
+    function of the FQN; each stage then meets the budget on its own share) and `tokens`, the M of every layer's
+    costs (tokens of one training step, for measured costs, when the calibration batch is smaller than a training
+    batch; default: the statistics' own)."""
 
-    `objective(layer_stats, gemm, precision)` replaces that objective's per-GEMM term: the baselines
-    (planner.baselines) solve their heuristic scores this way, under the same budget and solver, and
-    name the plan `method`. `terms` ("ld+wd", "ld" or "wd", OBJECTIVE_TERMS) drops one of SNIP's two terms
-    (an ablation). The plan's "objective" metric is always SNIP's full objective.
+    pinned: Mapping[str, object] | None = None
+    stages: Mapping[str, int] | Callable[[str], int] | None = None
+    tokens: int | None = None
 
-    `tokens` overrides the M of every layer (tokens of one training step, for measured costs, when the
-    calibration batch is smaller than a training batch). `time_limit` (seconds) bounds CBC; the exact
-    search after it is bounded by `exact.NODE_LIMIT`.
-    """
-    t0 = time.perf_counter()
+
+@dataclass(frozen=True)
+class Heuristic:
+    """An objective in place of SNIP's: its per-GEMM term (layer stats, GEMM, precision) -> score, and the method
+    its plans are named after (the baselines, planner.baselines, solve their scores this way)."""
+
+    name: str
+    term: Objective
+
+
+def _check_options(lam: float, granularity: str, terms: str) -> None:
     if granularity not in ("layer", "gemm"):
         raise ValueError(f"granularity must be 'layer' or 'gemm', got {granularity!r}")
     if not lam >= 0:
         raise ValueError(f"lambda must be >= 0, got {lam}")
     if terms not in OBJECTIVE_TERMS:
         raise ValueError(f"terms must be one of {OBJECTIVE_TERMS}, got {terms!r}")
+
+
+def solve(stats: PlannerStats, budget: Budget, candidates: Sequence[str] = ("fp8", "fp4"), *,
+          lam: float = DEFAULT_LAMBDA, granularity: str = "layer", terms: str = "ld+wd",
+          constraints: Constraints = Constraints(), heuristic: Heuristic | None = None,
+          time_limit: float | None = None) -> Plan:
+    """The plan of minimum sum (LD + lam WD) / L within `budget` and `constraints` (see the module docstring).
+
+    `terms` ("ld+wd", "ld" or "wd", OBJECTIVE_TERMS) drops one of SNIP's two terms (an ablation); a `heuristic`
+    replaces SNIP's objective under the same budget and solver. The plan's "objective" metric is always SNIP's
+    full objective. `time_limit` (seconds) bounds CBC; the exact search after it is bounded by `exact.NODE_LIMIT`.
+    """
+    t0 = time.perf_counter()
+    _check_options(lam, granularity, terms)
     candidates = validate_candidates(candidates, stats)
     if budget.kind == "fp4_fraction" and budget.value > 0 and not any(is_fp4(c) for c in candidates):
         raise InfeasibleBudget(f"budget '{budget.describe()}' needs a 4-bit candidate; got {list(candidates)}", 0.0)
     names = [s.name for s in stats.layers]
-    shapes = layer_shapes(stats.layers, tokens)
-    pins = _pins(names, pinned, set(candidates) | {"bf16"})
-    term = objective or snip_objective(stats, lam, terms)
-    problem = _formulate(stats, budget, candidates, term, granularity, pins, stage_groups(names, stages), shapes)
-    _check_feasible(problem, stages is not None)
+    shapes = layer_shapes(stats.layers, constraints.tokens)
+    pins = _pins(names, constraints.pinned, set(candidates) | {"bf16"})
+    term = heuristic.term if heuristic is not None else snip_objective(stats, lam, terms)
+    problem = _formulate(stats, budget, candidates, term, granularity, pins, stage_groups(names, constraints.stages),
+                         shapes)
+    _check_feasible(problem, constraints.stages is not None)
     results, binaries = _solve_exact(problem, time_limit)
     choice = {}
     for st, r in results.items():
         choice.update(problem.assignment(st, r.certificate.choice))
+    return make_plan(choice, stats, budget, shapes, candidates=candidates, lam=lam, granularity=granularity,
+                     method=heuristic.name if heuristic is not None else "snip",
+                     extra={**_search_metrics(results, binaries), "solve_time_s": time.perf_counter() - t0})
+
+
+def _search_metrics(results: Mapping[int, _StageResult], binaries: int) -> dict[str, float]:
+    """How the solve went (the module docstring), warning when the exact search stopped at its node limit."""
     certified = all(r.certificate.optimal for r in results.values())
     gap = math.fsum(r.certificate.gap for r in results.values())
     if not certified:
         warnings.warn(f"the exact search stopped at its node limit ({NODE_LIMIT} per stage): the plan's objective "
                       f"may be up to {gap:.3g} above the optimum (metrics['optimality_gap'])", RuntimeWarning,
-                      stacklevel=2)
+                      stacklevel=3)
     cbc_suboptimal = any(r.cbc_open and (r.cbc_value is None or r.certificate.value < r.cbc_value)
                          for r in results.values())
-    return make_plan(choice, names, stats, budget, candidates, lam, granularity, shapes, method,
-                     {"certified_optimal": float(certified), "optimality_gap": gap, "cbc_binaries": float(binaries),
-                      "search_nodes": float(sum(r.certificate.nodes for r in results.values())),
-                      "cbc_suboptimal": float(cbc_suboptimal), "solve_time_s": time.perf_counter() - t0})
+    return {"certified_optimal": float(certified), "optimality_gap": gap, "cbc_binaries": float(binaries),
+            "search_nodes": float(sum(r.certificate.nodes for r in results.values())),
+            "cbc_suboptimal": float(cbc_suboptimal)}
 
 
 def _cbc(time_limit: float | None):
@@ -409,11 +433,12 @@ def _check_feasible(pr: _Problem, staged: bool) -> None:
                            f"{pins}, {what}{where}; the tightest feasible budget is {worst:.6g}", worst)
 
 
-def make_plan(choice: Mapping[tuple[str, str], str], names: Sequence[str], stats: PlannerStats, budget: Budget,
-              candidates: Sequence[str], lam: float, granularity: str, shapes: Mapping[str, LayerShape], method: str,
+def make_plan(choice: Mapping[tuple[str, str], str], stats: PlannerStats, budget: Budget,
+              shapes: Mapping[str, LayerShape], *, candidates: Sequence[str], lam: float, granularity: str, method: str,
               extra: Mapping[str, float] | None = None) -> Plan:
-    """A Plan from {(layer, gemm): precision}, with its budget metrics and (when measurable) objective."""
-    precisions = {n: LinearPrecision(**{g: choice[(n, g)] for g in GEMMS}) for n in names}
+    """A Plan of `stats`' layers from {(layer, gemm): precision}, with its budget metrics (costs of `shapes`) and
+    (when measurable) objective."""
+    precisions = {s.name: LinearPrecision(**{g: choice[(s.name, g)] for g in GEMMS}) for s in stats.layers}
     metrics = plan_metrics(choice, shapes, budget.cost_model)
     m = {"fp4_fraction": metrics.fp4_fraction, "relative_cost": metrics.relative_cost}
     try:

@@ -1,4 +1,4 @@
-"""A precision plan: layer FQN -> LinearPrecision, with how it was made, as plain JSON (DESIGN.md §4.6).
+"""A precision plan: layer FQN -> LinearPrecision, with how it was made, as plain JSON (docs/design.md §4.6).
 
 JSON layout (`Plan.to_json`):
 
@@ -100,14 +100,13 @@ class Plan:
 
     # -- display ---------------------------------------------------------------------------
     def table(self) -> str:
-        """Layer x GEMM -> format, with the chosen formats' LD/L and WD/L (WD in update units: WD) when
-        statistics are attached."""
+        """Layer x GEMM -> format, with the chosen formats' LD/L and WD/L when statistics are attached."""
         by_name = self.stats.by_name() if self.stats is not None else {}
         loss = self.stats.loss if self.stats is not None else None
         width = max([len(n) for n in self.precisions] + [5])
         head = f"{'layer':<{width}}  {'fprop':>6} {'dgrad':>6} {'wgrad':>6}"
         if by_name:
-            head += f"  {'LD/L':>9} {'WD/L' if self.stats.wd_units == 'loss' else 'WD':>9}"
+            head += f"  {'LD/L':>9} {'WD/L':>9}"
         lines = [head, "-" * len(head)]
         for name, p in self.precisions.items():
             row = f"{name:<{width}}  {p.fprop.name:>6} {p.dgrad.name:>6} {p.wgrad.name:>6}"
@@ -115,8 +114,7 @@ class Plan:
             if s is not None:
                 try:
                     ld = s.ld(p.fprop.name) / loss if not p.fprop.is_bf16 else 0.0
-                    wd = sum(s.wd(p.gemm(g).name, g) for g in ("dgrad", "wgrad") if not p.gemm(g).is_bf16)
-                    wd /= loss if self.stats.wd_units == "loss" else 1.0
+                    wd = sum(s.wd(p.gemm(g).name, g) for g in ("dgrad", "wgrad") if not p.gemm(g).is_bf16) / loss
                     row += f"  {ld:9.2e} {wd:9.2e}"
                 except KeyError:  # a precision whose errors were not measured (e.g. a pinned one)
                     row += f"  {'-':>9} {'-':>9}"

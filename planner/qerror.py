@@ -1,4 +1,4 @@
-"""Quantization error per layer, per GEMM, per candidate precision (DESIGN.md §4.2).
+"""Quantization error per layer, per GEMM, per candidate precision (docs/design.md §4.2).
 
 On the recorded operands (x and dy row samples, the full weight) each GEMM is run once exactly
 (float32, never TF32) and once as `snip_ops.gemm` runs it under the candidate recipe; the error is relative and
@@ -15,9 +15,8 @@ coherently as far as the tokens' gradients agree (up to (M / m)^2 for identical 
 ratio would therefore overstate the error of the step's weight gradient by up to M / m, most early in
 training when the tokens agree most. So e_wgrad is the error energy scaled to all M rows over the
 full-batch gradient dW the statistics pass recorded: the relative error of the wgrad that training
-computes. On the tiny model's checkpoints (128 rows of 1024, FP4, against all 1024 rows) the sample's own
-ratio read a median 1.78x the whole batch's error over the layers at 100 steps (up to 3.4x), 1.67x at 400
-and 1.30x at 1200; the scaled estimate reads 1.05x, 1.03x and 1.02x (bench/results/cpu-planner-wgrad-error.md).
+computes. Measured against the whole batch's wgrad error, the sample's own ratio overstates it most early in
+training, and the scaled estimate matches it closely (bench/results/cpu-planner-wgrad-error.md).
 
 bf16 is the planner's reference (the high-precision GEMM), so its errors are 0 by definition.
 Stochastic rounding (FP4 gradients) draws its bits from a fixed (seed, offset): errors are

@@ -1,4 +1,4 @@
-"""Statistics collection (DESIGN.md §4.1): one high-precision forward/backward on a calibration batch.
+"""Statistics collection (docs/design.md §4.1): one high-precision forward/backward on a calibration batch.
 
 `record(...)` installs temporary hooks on the planned linear layers, runs `loss_fn(model, batch)`
 with every `SnipLinear` switched to bf16, and keeps per layer:
@@ -38,11 +38,14 @@ from .cost import LayerShape
 __all__ = [
     "StatsConfig", "LayerRecording", "Preconditioner", "LogitsGraph", "Recording", "record", "adam_preconditioner",
     "high_precision", "isolated_rng", "batch_rows", "first_rows", "gradient_variance", "gradient_noise_loss",
-    "sequence_grad_sq", "LayerStats", "PlannerStats", "WD_UNITS", "mean_stats",
+    "sequence_grad_sq", "LayerStats", "PlannerStats", "mean_stats",
 ]
 
 LossFn = Callable[[nn.Module, object], torch.Tensor]
-WD_UNITS = ("loss", "update")
+# The units of WD in statistics JSON: an excess training loss (divergence.py, "Weight divergence"). Statistics
+# written before WD had units (no "wd_units") or in the relative-update units that loss units replaced ("update")
+# cannot be priced by the ILP.
+WD_UNITS = "loss"
 
 
 @dataclass(frozen=True)
@@ -90,26 +93,17 @@ class LayerRecording:
 
 @dataclass
 class Preconditioner:
-    """The next Adam update u = m_hat / (sqrt(v_hat) + eps) and its sensitivity to the gradient.
-
-    `scale[p]` is du/dg elementwise (Adam's update is elementwise, so its Jacobian is diagonal):
-        c / (sqrt(v_hat) + eps)  -  m_hat * d sqrt(v_hat)/dg / (sqrt(v_hat) + eps)^2,
-        c = (1 - beta1) / (1 - beta1^t),  d sqrt(v_hat)/dg = (1 - beta2) g / ((1 - beta2^t) sqrt(v_hat)).
-    The first term is DESIGN.md's delta_g / (sqrt(v) + eps) (times Adam's c); the second, v's own
-    response to g, is of the same order when beta2 is not close to 1 (0.95 here) and is kept so that
-    scale * delta_g is the first-order change of the update. `update_sq_norm` is ||u||^2 over all
-    parameters, the clean update (weight decay excluded: it does not depend on gradients).
-    `second_moment_sum[p]` is sum(v_hat) over p's entries, the v_hat of that update.
+    """What the optimizer's next update makes of gradient noise: Adam's preconditioner D = 1 / (sqrt(v_hat) + eps).
 
     `excess_loss_weight[p]` is lr / (4 (sqrt(v_hat) + eps)) elementwise: gradient noise of variance
     s_i on parameter i raises the training loss, once the optimizer has settled with it, by
     sum_i excess_loss_weight_i s_i (divergence.py, "Weight divergence"). lr is the parameter group's
     current learning rate, or `default_lr` without an optimizer. With DivergenceConfig.wd_horizon,
     `divergence.measure` scales it down to the excess loss reached within that many steps.
+    `second_moment_sum[p]` is sum(v_hat) over p's entries, the v_hat of that update (divergence.py, "Adam's
+    signal share"). `source` says where v_hat came from.
     """
 
-    scale: dict[nn.Parameter, torch.Tensor]
-    update_sq_norm: float
     source: str
     excess_loss_weight: dict[nn.Parameter, torch.Tensor] = field(default_factory=dict)
     second_moment_sum: dict[nn.Parameter, float] = field(default_factory=dict)
@@ -166,18 +160,17 @@ def adam_preconditioner(optimizer: torch.optim.Optimizer | None,
                         grads: Mapping[nn.Parameter, torch.Tensor], default_lr: float = 1e-3) -> Preconditioner:
     """The preconditioner of the update the optimizer will take next with gradients `grads`.
 
-    Reads Adam/AdamW state (`exp_avg`, `exp_avg_sq` or `max_exp_avg_sq`, `step`, the group's betas
-    and eps). Parameters without that state (step 0, or an optimizer that is not Adam-like) use the
-    gradient's own per-tensor second moment, v_hat = mean(g^2) held fixed, m_hat = g (Adam's literal
-    first step, g / (|g| + eps), is a sign function whose derivative is ~0); `source` says which.
-    Without an optimizer the learning rate of `excess_loss_weight` is `default_lr`.
+    Reads Adam/AdamW state (`exp_avg_sq` or `max_exp_avg_sq`, `step`, the group's betas and eps).
+    Parameters without that state (step 0, or an optimizer that is not Adam-like) use the gradient's own
+    per-tensor second moment, v_hat = mean(g^2) held fixed; `source` says which. Without an optimizer the
+    learning rate of `excess_loss_weight` is `default_lr`.
     """
     groups = {}
     if optimizer is not None:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 groups[p] = group
-    scale, weight, second_moment, total, fallback = {}, {}, {}, 0.0, 0
+    weight, second_moment, fallback = {}, {}, 0
     for p, g in grads.items():
         if optimizer is not None and p not in groups:
             continue  # not trained by this optimizer: its update cannot change
@@ -186,33 +179,26 @@ def adam_preconditioner(optimizer: torch.optim.Optimizer | None,
         g = g.detach().float()
         eps = float(group.get("eps", 1e-8))
         if "exp_avg_sq" in state and "betas" in group:
-            b1, b2 = group["betas"]
+            b2 = group["betas"][1]
             t = float(state["step"]) + 1.0
             v = state.get("max_exp_avg_sq", state["exp_avg_sq"]).float()
             v_hat = divide_by(b2 * v + (1 - b2) * g * g, 1 - b2 ** t)
-            m_hat = divide_by(b1 * state["exp_avg"].float() + (1 - b1) * g, 1 - b1 ** t)
-            root = v_hat.sqrt()
-            denom = root + eps
-            d_root = torch.where(root > 0, (1 - b2) * g / ((1 - b2 ** t) * root.clamp_min(1e-30)), 0.0)
-            scale[p] = (1 - b1) / (1 - b1 ** t) / denom - m_hat * d_root / denom.pow(2)
+            denom = v_hat.sqrt() + eps
             second_moment[p] = float(v_hat.double().sum())
         else:
             fallback += 1
             denom = g.pow(2).mean().sqrt() + eps
-            m_hat = g
-            scale[p] = (1.0 / denom).expand_as(g)
             second_moment[p] = float(g.double().pow(2).sum())
         weight[p] = (float(group.get("lr", default_lr)) / 4 / denom).expand_as(g)
-        total += float((m_hat / denom).pow(2).sum())
-    if not scale:
+    if not weight:
         raise ValueError("no parameter of the optimizer received a gradient in the statistics pass")
     if fallback == 0:
         source = "adam state (exp_avg, exp_avg_sq)"
-    elif fallback == len(scale):
+    elif fallback == len(weight):
         source = "gradient second moment per tensor (the optimizer has no Adam state yet)"
     else:
-        source = f"adam state; {fallback} of {len(scale)} tensors without state use their gradient second moment"
-    return Preconditioner(scale, total, source, weight, second_moment)
+        source = f"adam state; {fallback} of {len(weight)} tensors without state use their gradient second moment"
+    return Preconditioner(source, weight, second_moment)
 
 
 def sequence_grad_sq(x: torch.Tensor, dy: torch.Tensor, memory_cap_bytes: int) -> float:
@@ -382,24 +368,21 @@ class LayerStats:
     grad_in_rms: float      # RMS of this layer's dgrad output dx = dy w
     weight_grad_rms: float  # RMS of dW
     curvature: float        # h_l: loss increase per unit relative output noise energy (§4.3)
-    s_dgrad: float          # WD per unit relative dgrad noise energy (§4.4; units: PlannerStats.wd_units)
+    s_dgrad: float          # WD per unit relative dgrad noise energy (§4.4), an excess training loss
     s_wgrad: float          # same for wgrad noise
     errors: Mapping[str, Mapping[str, float]]  # precision -> GEMM -> relative squared error (§4.2)
-    # precision -> the forward error's directional LD over h_l e_fwd (divergence.py, "Directional LD"); 1 if absent
-    fprop_alignment: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.shape.name
 
     def ld(self, precision: str) -> float:
-        """LD(l, p) = h_l e_fwd(l, p) a(l, p), the expected loss increase from quantizing the forward GEMM, a the
-        error's alignment with the curvature (1: isotropic noise of the error's energy).
+        """LD(l, p) = h_l e_fwd(l, p), the expected loss increase from quantizing the forward GEMM.
 
         A negative measured curvature (seen near initialisation) would make noise look beneficial;
         quantization is never rewarded, so h_l is floored at 0 here (the raw value stays in `curvature`).
         """
-        return max(self.curvature, 0.0) * self.errors[precision]["fprop"] * self.fprop_alignment.get(precision, 1.0)
+        return max(self.curvature, 0.0) * self.errors[precision]["fprop"]
 
     def wd(self, precision: str, gemm: str | None = None) -> float:
         """WD(l, p) = s_dgrad e_dgrad + s_wgrad e_wgrad (or one term, for `gemm` "dgrad" / "wgrad")."""
@@ -411,15 +394,18 @@ class LayerStats:
         out = asdict(self)
         out["shape"] = asdict(self.shape)
         out["errors"] = {p: dict(e) for p, e in self.errors.items()}
-        out["fprop_alignment"] = dict(self.fprop_alignment)
         return out
 
     @classmethod
     def from_json(cls, obj: Mapping) -> "LayerStats":
         fields = dict(obj)
+        # statistics written while LD had a directional form carry its per-precision factors: empty where it was
+        # off (those load as they are), set where it was on (LD would be priced otherwise than they were measured)
+        if fields.pop("fprop_alignment", None):
+            raise ValueError(f"the statistics of layer {obj['shape']['name']!r} were measured with the directional LD "
+                             "(fprop_alignment), which the planner no longer has: re-collect the statistics")
         fields["shape"] = LayerShape(**obj["shape"])
         fields["errors"] = {p: {g: float(e[g]) for g in GEMMS} for p, e in obj["errors"].items()}
-        fields["fprop_alignment"] = {p: float(a) for p, a in obj.get("fprop_alignment", {}).items()}
         return cls(**fields)
 
 
@@ -432,14 +418,11 @@ class PlannerStats:
     step: int | None = None
     preconditioner: str = ""
     diagnostics: Mapping[str, float] = field(default_factory=dict)
-    wd_units: str = "loss"  # "loss": WD is an excess training loss; "update": a relative update change
 
     def __post_init__(self):
         names = [s.name for s in self.layers]
         if len(set(names)) != len(names):
             raise ValueError("duplicate layer names in the statistics")
-        if self.wd_units not in WD_UNITS:
-            raise ValueError(f"wd_units must be one of {WD_UNITS}, got {self.wd_units!r}")
 
     def by_name(self) -> dict[str, LayerStats]:
         return {s.name: s for s in self.layers}
@@ -450,19 +433,17 @@ class PlannerStats:
         return set.intersection(*sets) if sets else set()
 
     def to_vector(self) -> list[float]:
-        """The loss and every per-layer number (the scalar fields, the errors, then the alignments, precisions in
-        sorted order), flat: what averaging over batches or data-parallel ranks averages (`with_vector`)."""
+        """The loss and every per-layer number (the scalar fields, then the errors, precisions in sorted order),
+        flat: what averaging over batches or data-parallel ranks averages (`with_vector`)."""
         flat = [self.loss]
         for s in self.layers:
             flat += [getattr(s, f) for f in LAYER_NUMBERS]
             flat += [s.errors[p][g] for p in sorted(s.errors) for g in GEMMS]
-            flat += [s.fprop_alignment[p] for p in sorted(s.fprop_alignment)]
         return flat
 
     def with_vector(self, values: Sequence[float]) -> "PlannerStats":
         """These statistics with the numbers of `values` (laid out as `to_vector` lays them out)."""
-        expected = 1 + sum(len(LAYER_NUMBERS) + len(s.errors) * len(GEMMS) + len(s.fprop_alignment)
-                           for s in self.layers)
+        expected = 1 + sum(len(LAYER_NUMBERS) + len(s.errors) * len(GEMMS) for s in self.layers)
         if len(values) != expected:
             raise ValueError(f"expected {expected} numbers for these statistics, got {len(values)}")
         loss, pos, layers = float(values[0]), 1, []
@@ -473,21 +454,23 @@ class PlannerStats:
             for p in sorted(s.errors):
                 errors[p] = {g: float(v) for g, v in zip(GEMMS, values[pos:pos + len(GEMMS)])}
                 pos += len(GEMMS)
-            alignment = {p: float(v) for p, v in zip(sorted(s.fprop_alignment), values[pos:])}
-            pos += len(alignment)
-            layers.append(replace(s, errors=errors, fprop_alignment=alignment, **nums))
+            layers.append(replace(s, errors=errors, **nums))
         return replace(self, layers=tuple(layers), loss=loss)
 
     def to_json(self) -> dict:
         return {"loss": self.loss, "step": self.step, "preconditioner": self.preconditioner,
-                "diagnostics": dict(self.diagnostics), "wd_units": self.wd_units,
+                "diagnostics": dict(self.diagnostics), "wd_units": WD_UNITS,
                 "layers": [s.to_json() for s in self.layers]}
 
     @classmethod
     def from_json(cls, obj: Mapping) -> "PlannerStats":
+        units = obj.get("wd_units")
+        if units != WD_UNITS:
+            was = "no WD units (written before WD was an excess loss)" if units is None else f"WD in {units!r} units"
+            raise ValueError(f"these planner statistics have {was}; the planner prices WD as an excess training loss "
+                             f"(wd_units {WD_UNITS!r}) only: re-collect the statistics")
         return cls(tuple(LayerStats.from_json(s) for s in obj["layers"]), float(obj["loss"]), obj.get("step"),
-                   obj.get("preconditioner", ""), dict(obj.get("diagnostics", {})),
-                   obj.get("wd_units", "update"))  # statistics written before loss units existed
+                   obj.get("preconditioner", ""), dict(obj.get("diagnostics", {})))
 
 
 def mean_stats(stats: Sequence[PlannerStats]) -> PlannerStats:
@@ -496,10 +479,10 @@ def mean_stats(stats: Sequence[PlannerStats]) -> PlannerStats:
     if not stats:
         raise ValueError("no statistics to average")
     first = stats[0]
-    key = [(s.shape, sorted(s.errors), sorted(s.fprop_alignment)) for s in first.layers]
+    key = [(s.shape, sorted(s.errors)) for s in first.layers]
     for other in stats[1:]:
-        if [(s.shape, sorted(s.errors), sorted(s.fprop_alignment)) for s in other.layers] != key or other.wd_units != first.wd_units:
-            raise ValueError("the statistics to average measure different layers, shapes, candidates or units")
+        if [(s.shape, sorted(s.errors)) for s in other.layers] != key:
+            raise ValueError("the statistics to average measure different layers, shapes or candidates")
     mean = [math.fsum(column) / len(stats) for column in zip(*(s.to_vector() for s in stats))]
     diagnostics = {k: math.fsum(s.diagnostics[k] for s in stats) / len(stats) for k in first.diagnostics
                    if all(k in s.diagnostics for s in stats)}

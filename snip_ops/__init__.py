@@ -1,10 +1,17 @@
 """snip_ops: low-precision (FP8 / FP4) linear layers for training, with exact PyTorch references.
 
-Public surface (DESIGN.md §7): `linear`, `SnipLinear`, `convert`, `quantize` / `dequantize`,
-`formats`, `build_info`, `self_check` (kernels are used after a self-check on each device).
+Public surface (docs/design.md §7): `linear`, `SnipLinear`, `convert`, `quantize` / `dequantize` /
+`fake_quantize` and their `QTensor`, the recipe types of `formats`, `build_info`, `self_check` (kernels are
+used after a self-check on each device); `snip_ops.fsdp` and `snip_ops.tensor_parallel` for sharded training.
 """
 
-from . import formats, fsdp, self_check
+from . import _ext, self_check
+
+# Kernels earn their use: each compiled kernel runs on a device only after its self-check passed there. Installed
+# before anything else of the package is imported, so before any kernel can run.
+_ext.set_kernel_gate(self_check.passed)
+
+from . import formats, fsdp
 from ._ext import build_info
 from .formats import GemmRecipe, LinearPrecision, QuantSpec, Rounding, ScaleKind, recipe
 from .linear import linear

@@ -6,6 +6,10 @@ error is kept for build_info(). Ops live in torch.ops.snip_C once _C is imported
 The extension is built with its CUDA kernels (for the archs in `compiled_archs()`) or without CUDA;
 either way the ops that have a CPU implementation (quantize, dequantize, adamw: host loops of the
 kernels' arithmetic) list the target "cpu" in `kernels()`.
+
+This module imports no other module of snip_ops (every module that runs kernels imports it): whether a compiled
+kernel may run is asked of the gate the package installs (`set_kernel_gate`; snip_ops/__init__.py installs the
+self-check, snip_ops.self_check.passed), before its first use on each device.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import warnings
 from functools import lru_cache
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -88,10 +93,21 @@ def kernel_compiled(name: str, device) -> bool:
     return arch is not None and arch in kernels().get(name, [])
 
 
+# (kernel name, device) -> whether that compiled kernel may run there; None until the package installs its gate
+KernelGate = Callable[[str, torch.device], bool]
+_gate: KernelGate | None = None
+
+
+def set_kernel_gate(gate: KernelGate) -> None:
+    """Install the check every compiled kernel passes before it runs on a device (`kernel_available`)."""
+    global _gate
+    _gate = gate
+
+
 def kernel_available(name: str, device) -> bool:
-    """True when kernel `name` is compiled for `device` (`kernel_compiled`) and passed its self-check
-    there (snip_ops.self_check). On a CUDA device without it, the first such call of the process warns
-    (`missing_kernel_warning`)."""
+    """True when kernel `name` is compiled for `device` (`kernel_compiled`) and the kernel gate lets it run
+    there (the self-check, snip_ops.self_check). On a CUDA device without it, the first such call of the
+    process warns (`missing_kernel_warning`)."""
     if not kernel_compiled(name, device):
         arch = _device_arch(device)
         if arch is not None and arch != "cpu":
@@ -99,9 +115,9 @@ def kernel_available(name: str, device) -> bool:
         return False
     if isinstance(device, torch.Tensor):
         device = device.device
-    from . import self_check  # the checks import the ops, which import this module
-
-    return self_check.passed(name, device)
+    if _gate is None:  # never after `import snip_ops`, which every import of one of its modules runs first
+        raise RuntimeError("snip_ops' kernel gate is not installed: kernels are used only after their self-check")
+    return _gate(name, device)
 
 
 # Archs snip compiles kernels for (CMakeLists.txt's SNIP_CUDA_ARCHS), with what runs on them.
@@ -127,10 +143,14 @@ def missing_kernel_warning(name: str, arch: str) -> str:
     else:
         why = f"snip_ops._C for {arch} lacks the {name} kernel (built without the CUTLASS headers?)"
         fix = f"{_REINSTALL}, after pip install --no-deps nvidia-cutlass==4.2.0.0"
+    # Where the quantizer exists, only the GEMM falls back (to BF16 tensor cores); without it, snip_ops.linear
+    # takes the fully emulated path, whose exact GEMMs run in FP64 on a GPU.
+    instead = ("GEMMs on BF16 tensor cores (blockwise_bf16 or bf16_exact): the same results, but slower than BF16 "
+               "training" if HAS_KERNELS and arch in kernels().get("quantize", []) else
+               "the reference quantizer and optimizer, exact GEMMs in FP64: the same results, many times slower than "
+               "BF16 training")
     return (f"snip: no {name} kernel for this {arch} GPU: {why}. Its work runs on the emulated PyTorch paths "
-            f"instead (the reference quantizer and optimizer; GEMMs on BF16 tensor cores, blockwise_bf16 or "
-            f"bf16_exact): the same results, but slower than BF16 training. Fix: {fix}; "
-            f"snip_ops.build_info() tells what this install has.")
+            f"instead ({instead}). Fix: {fix}; snip_ops.build_info() tells what this install has.")
 
 
 @torch.compiler.assume_constant_result  # runs once, eagerly, when traced: never a graph break

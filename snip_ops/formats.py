@@ -224,7 +224,7 @@ GEMMS = ("fprop", "dgrad", "wgrad")
 
 @dataclass(frozen=True)
 class GemmRecipe:
-    """The operand formats of one GEMM of a linear layer (DESIGN.md §3).
+    """The operand formats of one GEMM of a linear layer (docs/design.md §3).
 
     `act` quantizes activations (x in fprop, x^T in wgrad), `weight` the weight (w in fprop, w^T in
     dgrad), `grad` the output gradient (dy in dgrad, dy^T in wgrad). None everywhere means BF16.

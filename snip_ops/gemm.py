@@ -1,4 +1,4 @@
-"""The three GEMMs of a linear layer under a `GemmRecipe` (DESIGN.md §3).
+"""The three GEMMs of a linear layer under a `GemmRecipe` (docs/design.md §3).
 
 Emulated (the reference, and the path wherever no kernel exists): each operand is quantized exactly
 as the kernels quantize it (`reference.fake_quantize`, blocks along the GEMM's reduction dimension),
@@ -9,8 +9,8 @@ the CPU with its host implementation -- and `emulate=False`): the operands go th
 `snip_ops.quantize` (the native quantizer, transposes fused into it, bit-identical to the
 reference) and `gemm_kernels.qgemm`, which runs the fastest exact GEMM of the dequantized operands
 (CUTLASS FP8/FP4 on Hopper and Blackwell, else a BF16 or FP32 GEMM; the FP32 one on the CPU): the
-same numbers up to the GEMM's summation order. The GPU side of this path has not been run on a GPU
-yet.
+same numbers up to the GEMM's summation order. Its Hopper side has run on H100 and H200
+(bench/results/nvidia-h200-gpu-tests.txt); its Blackwell side has not run on a GPU.
 
 One GEMM at a time, each operand quantized for it (the planner's error estimates use these);
 `snip_ops.linear` organises the quantization across its three GEMMs itself (linear.py).

@@ -1,7 +1,7 @@
 """Low-precision GEMMs on quantized operands: `qgemm(a, b)` = dequantize(a) @ dequantize(b)^T.
 
 `a` ([M, K]) and `b` ([N, K]) are `reference.QTensor`s whose blocks run along K (the GEMM's
-reduction dimension), as DESIGN.md §3 lays out the three GEMMs of a linear layer:
+reduction dimension), as docs/design.md §3 lays out the three GEMMs of a linear layer:
 
     fprop  a = quantize(x)                      b = quantize(w)             (w: 128x128 blocks)
     dgrad  a = quantize(dy)                     b = quantize(w).t()         (same 128x128 blocks)

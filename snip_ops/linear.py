@@ -1,4 +1,4 @@
-"""`snip_ops.linear`: y = x w^T + b with each of its three GEMMs in its own precision (DESIGN.md §3).
+"""`snip_ops.linear`: y = x w^T + b with each of its three GEMMs in its own precision (docs/design.md §3).
 
 Two `torch.library` custom ops with fake implementations (so `torch.compile(fullgraph=True)` traces
 through them) under a thin `autograd.Function`:
@@ -32,6 +32,8 @@ quantizer applies the transform itself (`quantize.quantize_hadamard_t`).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -69,30 +71,37 @@ def _kernel_mode(t: torch.Tensor, emulate: bool) -> bool:
     return not emulate and _ext.kernel_available("quantize", t.device)
 
 
-def _quantize(t, spec, seed, offset, operand, transpose, kernels) -> Operand:
-    if kernels and spec is not None:
-        return quantize(t, spec, seed=seed, offset=operand_offset(offset, operand), transpose=transpose,
-                        scale_layout=scale_layout_for(spec, t.device))
-    return emulated_operand(t, spec, seed, offset, operand, transpose)
+@dataclass(frozen=True)
+class _Quantizer:
+    """How one op call quantizes its operands: the SR key (`seed`, and the step's `offset`, at which operand `o`
+    draws its bits from `gemm.operand_offset(offset, o)`) and the mode (`kernels`: the native quantizer, the
+    scales in the layout their GEMM reads; else the emulated operand's float32 values)."""
 
+    seed: int
+    offset: int
+    kernels: bool
 
-def _quantize_hadamard_t(t, wr: GemmRecipe, spec, seed, offset, operand, kernels) -> Operand:
-    """t's wgrad operand under a recipe with a Hadamard transform (`gemm.hadamard_wgrad_operand`),
-    its scales in the layout its GEMM reads."""
-    return hadamard_wgrad_operand(t, wr, spec, seed, offset, operand, kernels,
-                                  scale_layout_for(spec, t.device) if kernels else "plain")
+    def operand(self, t: torch.Tensor, spec: QuantSpec | None, operand: str, transpose: bool = False) -> Operand:
+        if self.kernels and spec is not None:
+            return quantize(t, spec, seed=self.seed, offset=operand_offset(self.offset, operand), transpose=transpose,
+                            scale_layout=scale_layout_for(spec, t.device))
+        return emulated_operand(t, spec, self.seed, self.offset, operand, transpose)
 
+    def hadamard_t(self, t: torch.Tensor, wr: GemmRecipe, spec: QuantSpec | None, operand: str) -> Operand:
+        """t's wgrad operand under a recipe with a Hadamard transform (`gemm.hadamard_wgrad_operand`)."""
+        return hadamard_wgrad_operand(t, wr, spec, self.seed, self.offset, operand, self.kernels,
+                                      scale_layout_for(spec, t.device) if self.kernels else "plain")
 
-def _quantize_both(t: torch.Tensor, row: QuantSpec | None, col: QuantSpec | None, need_row: bool, need_col: bool,
-                   seed: int, offset: int, row_operand: str, col_operand: str, kernels: bool):
-    """(t as its row-wise operand, t^T as its column-wise operand); None where not needed. On the
-    kernels both come from one pass over t where their specs agree."""
-    if kernels and need_row and need_col and row is not None and row == col:
-        return quantize_rowcol(t, row, seed=seed, offset=operand_offset(offset, row_operand),
-                               offset_t=operand_offset(offset, col_operand),
-                               scale_layout=scale_layout_for(row, t.device))
-    return (_quantize(t, row, seed, offset, row_operand, False, kernels) if need_row else None,
-            _quantize(t, col, seed, offset, col_operand, True, kernels) if need_col else None)
+    def row_and_col(self, t: torch.Tensor, row: QuantSpec | None, col: QuantSpec | None, need_row: bool,
+                    need_col: bool, row_operand: str, col_operand: str) -> tuple[Operand | None, Operand | None]:
+        """(t as its row-wise operand, t^T as its column-wise operand); None where not needed. On the
+        kernels both come from one pass over t where their specs agree."""
+        if self.kernels and need_row and need_col and row is not None and row == col:
+            return quantize_rowcol(t, row, seed=self.seed, offset=operand_offset(self.offset, row_operand),
+                                   offset_t=operand_offset(self.offset, col_operand),
+                                   scale_layout=scale_layout_for(row, t.device))
+        return (self.operand(t, row, row_operand) if need_row else None,
+                self.operand(t, col, col_operand, transpose=True) if need_col else None)
 
 
 def _gemm(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
@@ -152,109 +161,160 @@ def _prequantized_weight(parts: list[torch.Tensor], w_spec: QuantSpec | None, wt
     return dequantize(wq), None if wtq is None else dequantize(wtq)
 
 
-# The schema is spelled out for `wq`'s `Tensor[]? = None`, which the annotations cannot express.
+def _weight_operands(w: torch.Tensor | None, parts: list[torch.Tensor] | None, in_features: int, fr: GemmRecipe,
+                     dr: GemmRecipe, keep_wt: bool, q: _Quantizer) -> tuple[Operand | None, Operand | None]:
+    """(w for fprop or None where fprop is bf16, w^T for dgrad or None): from the pre-quantized `parts` where
+    given (`_prequantized_weight`), else quantized here."""
+    w_spec, wt_spec = fr.weight, dr.weight
+    if parts is not None:
+        return _prequantized_weight(parts, w_spec, wt_spec, (parts[0].shape[0], in_features), keep_wt, q.kernels)
+    shared = w_spec is not None and w_spec == wt_spec and transpose_shares_quantization(w_spec)
+    if not fr.is_bf16 and keep_wt and shared and not q.kernels:
+        wq = q.operand(w, w_spec, "w")
+        return wq, wq.t()  # the emulated weight, quantized once for both of its GEMMs
+    # on the kernels, w and w^T come from one fused row + column pass
+    return q.row_and_col(w, w_spec, wt_spec, not fr.is_bf16, keep_wt, "w", "wt")
+
+
+class _Call(NamedTuple):
+    """The arguments both ops take after their operands, in their schemas' order: the backward GEMMs' recipe
+    keys, the SR seed and offset (a 0-d int64 tensor), emulated or kernel mode, and which gradients backward
+    computes."""
+
+    dgrad: str
+    wgrad: str
+    seed: int
+    offset: torch.Tensor
+    emulate: bool
+    need_dx: bool
+    need_dw: bool
+
+    @classmethod
+    def with_tail(cls, args: tuple) -> tuple["_Call", object]:
+        """The call's arguments and the one that follows them (linear_fwd's `wq`), None where omitted: the
+        dispatcher leaves out a trailing argument that has its default value."""
+        n = len(cls._fields)
+        return cls(*args[:n]), args[n] if len(args) > n else None
+
+    def quantizer(self, like: torch.Tensor) -> _Quantizer:
+        return _Quantizer(self.seed, int(self.offset), _kernel_mode(like, self.emulate))
+
+
+# The schemas are spelled out: linear_fwd's for `wq`'s `Tensor[]? = None`, which the annotations cannot express,
+# and both because the Python functions take the arguments they share as one `_Call`.
 @torch.library.custom_op("snip::linear_fwd", mutates_args=(), schema=(
     "(Tensor x, Tensor? w, str fprop, str dgrad, str wgrad, int seed, Tensor offset, bool emulate, bool need_dx, "
     "bool need_dw, Tensor[]? wq=None) -> Tensor[]"))
-def _fwd(x: torch.Tensor, w: torch.Tensor | None, fprop: str, dgrad: str, wgrad: str, seed: int,
-         offset: torch.Tensor, emulate: bool, need_dx: bool, need_dw: bool,
-         wq: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+def _fwd(x: torch.Tensor, w: torch.Tensor | None, fprop: str, *call_and_wq) -> list[torch.Tensor]:
     """[y, *x^T (for wgrad), *w^T (for dgrad)]: each saved operand only where backward needs its
     quantized form (not for a bf16-recipe GEMM, which uses the unquantized tensor), as `_n_saved`
     tensors. No placeholders: zero-size tensors confuse the compiler's handling of saved tensors.
-    `wq` (with w None): the weight already quantized, see `_prequantized_weight`."""
-    fr, dr, wr = _recipe(fprop), _recipe(dgrad), _recipe(wgrad)
-    off, kernels = int(offset), _kernel_mode(x, emulate)
-    keep_xt = need_dw and not wr.is_bf16
-    keep_wt = need_dx and not dr.is_bf16
+    `call_and_wq`: the `_Call` arguments, then `wq` (with w None): the weight already quantized, see
+    `_prequantized_weight`."""
+    call, wq = _Call.with_tail(call_and_wq)
+    fr, dr, wr = _recipe(fprop), _recipe(call.dgrad), _recipe(call.wgrad)
+    q = call.quantizer(x)
+    keep_xt = call.need_dw and not wr.is_bf16
+    keep_wt = call.need_dx and not dr.is_bf16
     with _no_autocast(x):
         rht = keep_xt and wr.wgrad_hadamard  # x^T is then quantized from T x, not from x
-        xq, xtq = _quantize_both(x, fr.act, wr.act, not fr.is_bf16, keep_xt and not rht, seed, off, "x", "xt", kernels)
+        xq, xtq = q.row_and_col(x, fr.act, wr.act, not fr.is_bf16, keep_xt and not rht, "x", "xt")
         if rht:
-            xtq = _quantize_hadamard_t(x, wr, wr.act, seed, off, "xt", kernels)
-        w_spec, wt_spec = fr.weight, dr.weight
-        shared = w_spec is not None and w_spec == wt_spec and transpose_shares_quantization(w_spec)
-        if wq is not None:
-            wq, wtq = _prequantized_weight(wq, w_spec, wt_spec, (wq[0].shape[0], x.shape[1]), keep_wt, kernels)
-        elif not fr.is_bf16 and keep_wt and shared and not kernels:
-            wq = _quantize(w, w_spec, seed, off, "w", False, kernels)
-            wtq = wq.t()  # the emulated weight, quantized once for both of its GEMMs
-        else:  # on the kernels, w and w^T come from one fused row + column pass
-            wq, wtq = _quantize_both(w, w_spec, wt_spec, not fr.is_bf16, keep_wt, seed, off, "w", "wt", kernels)
+            xtq = q.hadamard_t(x, wr, wr.act, "xt")
+        wq, wtq = _weight_operands(w, wq, x.shape[1], fr, dr, keep_wt, q)
         y = (x @ w.t()).to(x.dtype) if fr.is_bf16 else _gemm(xq, wq, x.dtype)
     return [y, *(_saved(xtq) if keep_xt else []), *(_saved(wtq) if keep_wt else [])]
 
 
 @_fwd.register_fake
-def _(x, w, fprop, dgrad, wgrad, seed, offset, emulate, need_dx, need_dw, wq=None):
-    dr, wr = _recipe(dgrad), _recipe(wgrad)
+def _(x, w, fprop, *call_and_wq):
+    call, wq = _Call.with_tail(call_and_wq)
+    dr, wr = _recipe(call.dgrad), _recipe(call.wgrad)
     (m, k), n = x.shape, (w if wq is None else wq[0]).shape[0]
-    kernels = _kernel_mode(x, emulate)
-    xt = _saved_meta(wr.act, (k, _wgrad_tokens(m, wr)), kernels, x) if need_dw and not wr.is_bf16 else []
-    wt = _saved_meta(dr.weight, (k, n), kernels, x) if need_dx and not dr.is_bf16 else []
+    kernels = _kernel_mode(x, call.emulate)
+    xt = _saved_meta(wr.act, (k, _wgrad_tokens(m, wr)), kernels, x) if call.need_dw and not wr.is_bf16 else []
+    wt = _saved_meta(dr.weight, (k, n), kernels, x) if call.need_dx and not dr.is_bf16 else []
     return [x.new_empty(m, n), *xt, *wt]
 
 
-@torch.library.custom_op("snip::linear_bwd", mutates_args=())
+@torch.library.custom_op("snip::linear_bwd", mutates_args=(), schema=(
+    "(Tensor dy, Tensor? x, Tensor[] xt, Tensor? w, Tensor[] wt, SymInt in_features, str dgrad, str wgrad, "
+    "SymInt seed, Tensor offset, bool emulate, bool need_dx, bool need_dw) -> Tensor[]"))
 def _bwd(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: torch.Tensor | None,
-         wt: list[torch.Tensor], in_features: int, dgrad: str, wgrad: str, seed: int, offset: torch.Tensor,
-         emulate: bool, need_dx: bool, need_dw: bool) -> list[torch.Tensor]:
+         wt: list[torch.Tensor], in_features: int, *call) -> list[torch.Tensor]:
     """[dx [M, K] in dy's dtype if need_dx] + [dw [N, K] float32 if need_dw]. `x` / `w`: the
     unquantized operands of a bf16-recipe wgrad / dgrad (else None); `xt` / `wt`: the operands
-    the forward op saved (else empty lists)."""
-    dr, wr = _recipe(dgrad), _recipe(wgrad)
-    off, kernels = int(offset), _kernel_mode(dy, emulate)
+    the forward op saved (else empty lists); `call`: the `_Call` arguments."""
+    call = _Call(*call)
+    dr, wr = _recipe(call.dgrad), _recipe(call.wgrad)
+    q = call.quantizer(dy)
     m, n = dy.shape
     out = []
     with _no_autocast(dy):
-        rht = need_dw and wr.wgrad_hadamard  # dy^T is then quantized from T dy, not from dy
-        dyq, dytq = _quantize_both(dy, dr.grad, wr.grad, need_dx and not dr.is_bf16,
-                                   need_dw and not wr.is_bf16 and not rht, seed, off, "dy", "dyt", kernels)
+        rht = call.need_dw and wr.wgrad_hadamard  # dy^T is then quantized from T dy, not from dy
+        dyq, dytq = q.row_and_col(dy, dr.grad, wr.grad, call.need_dx and not dr.is_bf16,
+                                  call.need_dw and not wr.is_bf16 and not rht, "dy", "dyt")
         if rht:
-            dytq = _quantize_hadamard_t(dy, wr, wr.grad, seed, off, "dyt", kernels)
-        if need_dx:
+            dytq = q.hadamard_t(dy, wr, wr.grad, "dyt")
+        if call.need_dx:
             out.append((dy @ w).to(dy.dtype) if dr.is_bf16
-                       else _gemm(dyq, _restored(wt, dr.weight, (in_features, n), kernels), dy.dtype))
-        if need_dw:
+                       else _gemm(dyq, _restored(wt, dr.weight, (in_features, n), q.kernels), dy.dtype))
+        if call.need_dw:
             out.append((dy.t() @ x).float() if wr.is_bf16
-                       else _gemm(dytq, _restored(xt, wr.act, (in_features, _wgrad_tokens(m, wr)), kernels),
+                       else _gemm(dytq, _restored(xt, wr.act, (in_features, _wgrad_tokens(m, wr)), q.kernels),
                                   torch.float32))
     return out
 
 
 @_bwd.register_fake
-def _(dy, x, xt, w, wt, in_features, dgrad, wgrad, seed, offset, emulate, need_dx, need_dw):
+def _(dy, x, xt, w, wt, in_features, *call):
+    call = _Call(*call)
     m, n = dy.shape
-    return ([dy.new_empty(m, in_features)] if need_dx else []) + (
-        [dy.new_empty(n, in_features, dtype=torch.float32)] if need_dw else [])
+    return ([dy.new_empty(m, in_features)] if call.need_dx else []) + (
+        [dy.new_empty(n, in_features, dtype=torch.float32)] if call.need_dw else [])
+
+
+class _Layer(NamedTuple):
+    """What `linear` passes its autograd function besides the tensors: constants of the call."""
+
+    fprop: str           # the GEMMs' recipe keys
+    dgrad: str
+    wgrad: str
+    seed: int
+    emulate: bool
+    dgrad_bf16: bool     # the backward GEMMs that run on the unquantized operands
+    wgrad_bf16: bool
+    n_xt: int            # the tensors that carry x^T for wgrad when it is quantized (`_n_saved`)
 
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, w, b, fprop, dgrad, wgrad, seed, offset, emulate, dgrad_bf16, wgrad_bf16, n_xt):
+    def forward(ctx, x2, w, b, offset, layer: _Layer):
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        y, *saved = torch.ops.snip.linear_fwd(x2, w, fprop, dgrad, wgrad, seed, offset, emulate, need_dx, need_dw)
+        y, *saved = torch.ops.snip.linear_fwd(x2, w, layer.fprop, layer.dgrad, layer.wgrad, layer.seed, offset,
+                                              layer.emulate, need_dx, need_dw)
         # The unquantized operands are kept only for a bf16-recipe GEMM that needs them.
-        x_keep = x2 if need_dw and wgrad_bf16 else None
-        w_keep = w if need_dx and dgrad_bf16 else None
+        x_keep = x2 if need_dw and layer.wgrad_bf16 else None
+        w_keep = w if need_dx and layer.dgrad_bf16 else None
         ctx.save_for_backward(x_keep, w_keep, offset, *saved)
-        ctx.args = (w.shape[1], w.dtype, dgrad, wgrad, seed, emulate, need_dx, need_dw,
-                    n_xt if need_dw and not wgrad_bf16 else 0)
+        ctx.layer, ctx.weight = layer, (w.shape[1], w.dtype)
+        ctx.n_xt = layer.n_xt if need_dw and not layer.wgrad_bf16 else 0
         ctx.bias_dtype = None if b is None else b.dtype
         return y if b is None else y + b.to(y.dtype)
 
     @staticmethod
     def backward(ctx, dy):
         x_keep, w_keep, offset, *saved = ctx.saved_tensors
-        in_features, w_dtype, dgrad, wgrad, seed, emulate, need_dx, need_dw, n_xt = ctx.args
+        layer, (in_features, w_dtype), n_xt = ctx.layer, ctx.weight, ctx.n_xt
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grads = torch.ops.snip.linear_bwd(dy.contiguous(), x_keep, saved[:n_xt], w_keep, saved[n_xt:], in_features,
-                                          dgrad, wgrad, seed, offset, emulate, need_dx, need_dw)
+                                          layer.dgrad, layer.wgrad, layer.seed, offset, layer.emulate, need_dx, need_dw)
         dx = grads[0] if need_dx else None
         dw = grads[-1].to(w_dtype) if need_dw else None
         db = None
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             db = dy.float().sum(0).to(ctx.bias_dtype)
-        return dx, dw, db, *([None] * 9)
+        return dx, dw, db, None, None
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
@@ -309,9 +369,8 @@ def linear(
         offset = torch.tensor(offset, dtype=torch.int64)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    y = _Linear.apply(
-        x2, w, b, precision.fprop.key(), precision.dgrad.key(), precision.wgrad.key(), seed, offset.detach().cpu(),
-        bool(emulate), precision.dgrad.is_bf16, precision.wgrad.is_bf16,
-        _n_saved(precision.wgrad.act, _kernel_mode(x2, emulate)),
-    )
+    layer = _Layer(precision.fprop.key(), precision.dgrad.key(), precision.wgrad.key(), seed, bool(emulate),
+                   precision.dgrad.is_bf16, precision.wgrad.is_bf16,
+                   _n_saved(precision.wgrad.act, _kernel_mode(x2, emulate)))
+    y = _Linear.apply(x2, w, b, offset.detach().cpu(), layer)
     return y.reshape(*lead, w.shape[0])

@@ -26,7 +26,7 @@ from .tensor_parallel import check_shard_blocks, sharded_linear, tp_size, tp_sty
 
 __all__ = ["SnipLinear", "convert", "plan_for", "layer_seed", "DEFAULT_EXCLUDE"]
 
-# Embedding and output head stay high precision by default (DESIGN.md §4).
+# Embedding and output head stay high precision by default (docs/design.md §4).
 DEFAULT_EXCLUDE = ("lm_head", "*.lm_head", "embed_tokens", "*.embed_tokens", "output", "*.output")
 
 PrecisionLike = LinearPrecision | str | Mapping[str, str] | None

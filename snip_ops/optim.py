@@ -1,4 +1,4 @@
-"""AdamW for BF16 parameters without FP32 master weights (DESIGN.md §6).
+"""AdamW for BF16 parameters without FP32 master weights (docs/design.md §6).
 
 The parameters stay BF16. Each step computes the AdamW update in FP32 and writes the result back
 to BF16 with stochastic rounding, so updates smaller than half a BF16 ulp survive in expectation
@@ -7,12 +7,11 @@ moments `m`/`v` are FP32, or BF16 written back with SR as well (`state_dtype=tor
 
 FP32 moments are the default, although the stochastic-rounding paper keeps `m` and `v` in BF16.
 BF16 moments cut the persistent memory from 12 to 8 bytes per parameter (BF16 weights and gradients;
-FP32-master mixed precision takes 16: bench/results/cpu-optim-memory.md). On the tiny Llama (300
-steps, 4 paired seeds, betas (0.9, 0.95), learning rates 2^-10 .. 2: bench/results/cpu-optim-lr-range.md)
-they matched FP32 moments: the paired gap in final held-out loss stays within -0.049 .. +0.032 nats
-at the ten stable learning rates, with no consistent sign; the best loss is the same (2.129 vs 2.128
-at lr 2^-9), and so is the largest stable learning rate (0.5, as for FP32-master training). That
-parity was measured where `(1 - beta2) * g^2` is far above half a BF16 ulp of `v`; at this class's
+FP32-master mixed precision takes 16: bench/results/cpu-optim-memory.md). On the tiny Llama, over a
+range of learning rates with betas (0.9, 0.95), they matched FP32 moments: no consistent sign in the
+paired gap, the same best loss and the same largest stable learning rate
+(bench/results/cpu-optim-lr-range.md). That parity was measured where `(1 - beta2) * g^2` is far above
+half a BF16 ulp of `v`; at this class's
 default beta2 = 0.999 the increment falls below it and `v` moves only through SR's random rounding,
 a regime the measurement does not cover. So the default stays FP32; pass `state_dtype=torch.bfloat16`
 for the paper's setting where memory is what limits the run.

@@ -127,7 +127,7 @@ def quantize_rowcol(
     scale_layout: str = "plain",
 ) -> tuple[QTensor | None, QTensor | None]:
     """`(quantize(x, ..., offset=offset), quantize(x, ..., offset=offset_t, transpose=True))` in one
-    pass over x on the GPU (DESIGN.md §3: x for fprop and x^T for wgrad; dy and dy^T; w and w^T).
+    pass over x on the GPU (docs/design.md §3: x for fprop and x^T for wgrad; dy and dy^T; w and w^T).
 
     `offset_t` (default: `offset`) keys the SR bits of the transposed output; either output can be
     switched off (None is returned in its place). With 2-D blocks both outputs share their scales.

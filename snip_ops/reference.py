@@ -4,7 +4,7 @@
 codes plus block scales; `dequantize(q)` maps them back to float32; `fake_quantize` returns the same
 values as `dequantize(quantize(...))` without materialising codes (used by GEMM emulation).
 
-Scale choice (DESIGN.md §1), with amax the block's max |x| in float32:
+Scale choice (docs/design.md §1), with amax the block's max |x| in float32:
   * FP32:  s = amax / max_finite (IEEE float32 division, by a tensor: see `divide_by`);
   * POW2:  the smallest power of two >= that s, over float32's whole range (2^-149..2^127);
   * E8M0:  the POW2 value, at least 2^-127 (E8M0's smallest, code 0), stored as a biased exponent

@@ -73,12 +73,6 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     from .model import PRESETS
     from .planning import wd_horizon_arg
 
-    def offline_wd_horizon(text: str) -> int | str:
-        if text == "run_end":  # a plan made outside a run has no schedule to look ahead along
-            raise argparse.ArgumentTypeError("'run_end' needs a training run's learning-rate schedule: pass N or "
-                                             "'settled'")
-        return wd_horizon_arg(text)
-
     d, ds = PlannerConfig(), StatsConfig()
     g = p.add_argument_group("model (one of)")
     source = g.add_mutually_exclusive_group(required=True)
@@ -107,7 +101,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     g.add_argument("--granularity", choices=("layer", "gemm"), default=d.granularity,
                    help="one precision per layer, or per GEMM (fprop, dgrad, wgrad) (default: %(default)s)")
-    g.add_argument("--wd-horizon", type=offline_wd_horizon, default=d.interval, metavar="{N,settled}",
+    g.add_argument("--wd-horizon", type=wd_horizon_arg, default=d.interval, metavar="{N,settled}",
                    help="WD prices the excess loss gradient noise causes within the N steps the plan will be used "
                         "for, or once settled (default: %(default)s)")
     g.add_argument("--candidates", default=",".join(d.candidates), metavar="P,P",

@@ -74,13 +74,13 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def wd_horizon_arg(text: str) -> int | str:
-    """A PlannerConfig.wd_horizon from the command line: 'interval', 'run_end', 'settled' or a number of steps."""
-    if text in ("interval", "run_end", "settled"):
+    """A PlannerConfig.wd_horizon from the command line: 'interval', 'settled' or a number of steps."""
+    if text in ("interval", "settled"):
         return text
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'interval', 'run_end', 'settled' or a number of steps, "
+        raise argparse.ArgumentTypeError(f"expected 'interval', 'settled' or a number of steps, "
                                          f"got {text!r}") from None
 
 
@@ -193,9 +193,9 @@ def add_planner_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--planner-granularity", choices=("layer", "gemm"), default=d.granularity,
                    help="one precision per layer or per GEMM (default: %(default)s)")
     g.add_argument("--planner-wd-horizon", type=wd_horizon_arg, default=d.wd_horizon,
-                   metavar="{interval,run_end,settled,N}",
+                   metavar="{interval,settled,N}",
                    help="WD prices the excess loss gradient noise causes within N steps, within one re-plan "
-                        "interval, what that leaves at the run's end, or once settled (default: %(default)s)")
+                        "interval, or once settled (default: %(default)s)")
     g.add_argument("--planner-cost-table", default=None, metavar="JSON",
                    help="measured GEMM times (bench output) for a 'cost=' budget; default: theoretical FLOP cost")
     g.add_argument("--planner-pin", action="append", default=[], metavar="PATTERN=PREC",

@@ -418,24 +418,110 @@ def _check_resume(cfg: TrainConfig, ckpt: Checkpoint) -> None:
                          f"{ckpt.state.step} of a run of {cfg.steps} steps from step {ckpt.start_step}")
 
 
-def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: TrainState | None, stop: int,
-           keep_state: bool, resume: Checkpoint | None) -> dict[str, Any]:
-    from tqdm.auto import tqdm
+@dataclass(frozen=True)
+class _Run:
+    """What one call of `train` trains with, built once by `_setup_run`: the data, the model and its optimizer in
+    the state the run starts from, the fixed evaluation batches and where the outputs go."""
 
-    _seed_everything(cfg.seed)
+    cfg: TrainConfig
+    device: torch.device
+    data: TokenData
+    model_config: LlamaConfig
+    seq_len: int
+    model: nn.Module
+    n_params: int
+    plan: Any                          # resolve_plan(cfg.precision)
+    precisions: dict[str, Any]         # linear_precisions(model) at the start
+    optimizer: torch.optim.Optimizer
+    params: list[nn.Parameter]         # the trained ones (gradient clipping, the gradient norm)
+    train_gen: torch.Generator         # the training-batch order
+    use_amp: bool
+    eval_data: list[torch.Tensor]
+    out_dir: Path | None
+    first: int                         # this call trains steps first .. stop - 1
+    run_start: int                     # the step the whole run began at (before any resume)
+    resumed_at: tuple[int, ...]
 
-    # data (a corpus that cannot be read is the user's error)
-    with user_input():
-        data = TokenData.from_path(cfg.corpus, max_bytes=cfg.max_bytes, token_dtype=cfg.token_dtype,
-                                   val_fraction=cfg.val_fraction)
+    @property
+    def tokens_per_step(self) -> int:
+        return self.cfg.batch_size * self.seq_len
 
-    # model (built on the CPU under the seed, so init is identical on every device)
+    def autocast(self):
+        if self.use_amp:
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+
+@dataclass(frozen=True)
+class _History:
+    """The run's loss curves so far (a resumed run's start with its checkpoint's), appended to in place."""
+
+    train_step: list[int]
+    train_loss: list[float]
+    lr: list[float]
+    grad_norm: list[float]
+    val_step: list[int]
+    val_loss: list[float]
+    steps_before: int  # training steps in the history before this call (a resumed run's)
+
+    @classmethod
+    def of(cls, resume: Checkpoint | None) -> "_History":
+        past = resume.history if resume is not None else {"train": {k: [] for k in ("step", "loss", "lr", "grad_norm")},
+                                                           "val": {"step": [], "loss": []}}
+        train, val = past["train"], past["val"]
+        return cls(list(train["step"]), list(train["loss"]), list(train["lr"]), list(train["grad_norm"]),
+                   list(val["step"]), list(val["loss"]), len(train["loss"]))
+
+    def as_dict(self) -> dict[str, dict[str, list]]:
+        return {"train": {"step": self.train_step, "loss": self.train_loss, "lr": self.lr, "grad_norm": self.grad_norm},
+                "val": {"step": self.val_step, "loss": self.val_loss}}
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    diverged: bool
+    eval_s: float
+    checkpoint_s: float
+    total_s: float
+
+
+def _model_config(cfg: TrainConfig, data: TokenData) -> tuple[LlamaConfig, int]:
+    """The model's configuration, grown to the data's vocabulary and the sequence length, and that length."""
     mcfg = cfg.model if cfg.model is not None else LlamaConfig.preset(cfg.preset)
     if data.vocab_size > mcfg.vocab_size:
         mcfg = dataclasses.replace(mcfg, vocab_size=data.vocab_size)
     seq_len = cfg.seq_len or mcfg.max_seq_len
     if seq_len > mcfg.max_seq_len:
         mcfg = dataclasses.replace(mcfg, max_seq_len=seq_len)
+    return mcfg, seq_len
+
+
+def _make_optimizer(cfg: TrainConfig, model: nn.Module, device: torch.device
+                    ) -> tuple[torch.optim.Optimizer, list[nn.Parameter]]:
+    """AdamW decaying the matrices (embeddings included), not norms or biases; and the trained parameters."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt_kw: dict[str, Any] = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps)
+    if device.type == "cuda":
+        opt_kw["fused"] = True
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.weights == "fp32":
+        return torch.optim.AdamW(groups, **opt_kw), params
+    from snip_ops.optim import AdamW as SnipAdamW
+
+    opt_kw.pop("fused", None)
+    return SnipAdamW(groups, bf16_sr=cfg.weights == "bf16_sr", seed=cfg.seed, **opt_kw), params
+
+
+def _setup_run(cfg: TrainConfig, device: torch.device, start: TrainState | None, resume: Checkpoint | None) -> _Run:
+    """Seeds, data, model (built on the CPU under the seed, so init is identical on every device), optimizer, the
+    state to start from and the hooks' setup, in that order."""
+    _seed_everything(cfg.seed)
+    with user_input():  # a corpus that cannot be read is the user's error
+        data = TokenData.from_path(cfg.corpus, max_bytes=cfg.max_bytes, token_dtype=cfg.token_dtype,
+                                   val_fraction=cfg.val_fraction)
+    mcfg, seq_len = _model_config(cfg, data)
     model: nn.Module = Llama(mcfg).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     model = apply_precision(model, cfg.precision)
@@ -445,23 +531,7 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: T
     model.train()
     plan = resolve_plan(cfg.precision)
     precs = linear_precisions(model)
-
-    # optimizer: decay matrices (incl. embeddings), not norms / biases
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt_kw: dict[str, Any] = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps)
-    if device.type == "cuda":
-        opt_kw["fused"] = True
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if cfg.weights == "fp32":
-        optimizer: torch.optim.Optimizer = torch.optim.AdamW(groups, **opt_kw)
-    else:
-        from snip_ops.optim import AdamW as SnipAdamW
-
-        opt_kw.pop("fused", None)
-        optimizer = SnipAdamW(groups, bf16_sr=cfg.weights == "bf16_sr", seed=cfg.seed, **opt_kw)
-    warmup = warmup_steps(cfg)
+    optimizer, params = _make_optimizer(cfg, model, device)
     train_gen = torch.Generator().manual_seed(cfg.seed)
     if start is not None:
         restore(start, model, optimizer, train_gen)
@@ -469,106 +539,102 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: T
         cfg.on_setup(model, optimizer)
     if start is not None:  # after on_setup: a hook may have made more layers low-precision
         set_sr_counters(model, start.sr_counters)
-    first = start.step if start is not None else 0  # the run trains steps first .. stop - 1
-    run_start = resume.start_step if resume is not None else first  # the step the whole run began at
-    resumed_at = [*resume.resumed_at, first] if resume is not None else []
-
+    first = start.step if start is not None else 0
     use_amp = (device.type == "cuda" or cfg.weights != "fp32") if cfg.amp is None else bool(cfg.amp)
-    amp_dtype = torch.bfloat16
-
-    def autocast():
-        if use_amp:
-            return torch.autocast(device_type=device.type, dtype=amp_dtype)
-        return contextlib.nullcontext()
-
     eval_gen = torch.Generator().manual_seed(0x5EED)  # the same validation windows for every run
-    eval_data = [data.get_batch("val", cfg.batch_size, seq_len, eval_gen).to(device)
-                 for _ in range(cfg.eval_batches)]
-    tokens_per_step = cfg.batch_size * seq_len
-
+    eval_data = [data.get_batch("val", cfg.batch_size, seq_len, eval_gen).to(device) for _ in range(cfg.eval_batches)]
     out_dir = Path(cfg.out_dir) if cfg.out_dir else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
+    return _Run(cfg, device, data, mcfg, seq_len, model, n_params, plan, precs, optimizer, params, train_gen, use_amp,
+                eval_data, out_dir, first, resume.start_step if resume is not None else first,
+                (*resume.resumed_at, first) if resume is not None else ())
 
+
+def _log_start(run: _Run, stop: int, log) -> None:
+    cfg, mcfg, data = run.cfg, run.model_config, run.data
     name = "custom" if cfg.model is not None else cfg.preset
-    counts = _precision_counts(precs)
-    log(f"snip train | model {name}: {_fmt_params(n_params)} params (dim {mcfg.dim}, {mcfg.n_layers} layers, "
-        f"{mcfg.n_heads} heads / {mcfg.n_kv_heads} kv, ffn {mcfg.ffn_hidden}) | device {device} "
-        f"({'bf16 autocast' if use_amp else 'float32'})")
+    log(f"snip train | model {name}: {_fmt_params(run.n_params)} params (dim {mcfg.dim}, {mcfg.n_layers} layers, "
+        f"{mcfg.n_heads} heads / {mcfg.n_kv_heads} kv, ffn {mcfg.ffn_hidden}) | device {run.device} "
+        f"({'bf16 autocast' if run.use_amp else 'float32'})")
     log(f"data: {data.name}, {len(data) / 1e6:.2f}M tokens ({data.num_tokens('train') / 1e6:.2f}M train / "
-        f"{data.num_tokens('val') / 1e6:.2f}M val) | batch {cfg.batch_size} x {seq_len} = {tokens_per_step} "
-        f"tokens/step | {cfg.steps} steps, lr {cfg.lr:g}, warmup {warmup}, seed {cfg.seed}"
-        + (f" | steps {first}..{stop - 1} of them" if (first, stop) != (0, cfg.steps) else ""))
-    plan_desc = "none (plain nn.Linear)" if plan is None else json.dumps(jsonable(plan))
+        f"{data.num_tokens('val') / 1e6:.2f}M val) | batch {cfg.batch_size} x {run.seq_len} = {run.tokens_per_step} "
+        f"tokens/step | {cfg.steps} steps, lr {cfg.lr:g}, warmup {warmup_steps(cfg)}, seed {cfg.seed}"
+        + (f" | steps {run.first}..{stop - 1} of them" if (run.first, stop) != (0, cfg.steps) else ""))
+    plan_desc = "none (plain nn.Linear)" if run.plan is None else json.dumps(jsonable(run.plan))
     log(f"precision: {cfg.precision if isinstance(cfg.precision, str) else 'custom'} -> plan {plan_desc} | "
-        f"linears: " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
-    if out_dir is not None:
-        log(f"output: {out_dir}")
+        f"linears: " + ", ".join(f"{k} x{v}" for k, v in _precision_counts(run.precisions).items()))
+    if run.out_dir is not None:
+        log(f"output: {run.out_dir}")
 
-    past = resume.history if resume is not None else {"train": {k: [] for k in ("step", "loss", "lr", "grad_norm")},
-                                                       "val": {"step": [], "loss": []}}
-    hist_step: list[int] = list(past["train"]["step"])
-    hist_loss: list[float] = list(past["train"]["loss"])
-    hist_lr: list[float] = list(past["train"]["lr"])
-    hist_gnorm: list[float] = list(past["train"]["grad_norm"])
-    val_step: list[int] = list(past["val"]["step"])
-    val_loss: list[float] = list(past["val"]["loss"])
-    history = {"train": {"step": hist_step, "loss": hist_loss, "lr": hist_lr, "grad_norm": hist_gnorm},
-               "val": {"step": val_step, "loss": val_loss}}
-    config = config_json(cfg)
 
-    def write_checkpoint(step: int) -> None:
-        """The run before `step`, to resume from (after that step's evaluation, which it records)."""
-        save_checkpoint(out_dir / CHECKPOINT_FILE, Checkpoint(
-            capture(step, model, optimizer, train_gen), config, history,
-            cfg.hooks_state() if cfg.hooks_state is not None else None, run_start, tuple(resumed_at)))
+def _train_step(run: _Run, step: int, lr: float) -> tuple[float, float]:
+    """One optimizer step at learning rate `lr` (the hooks' on_step before it, on_loss after it): (its training
+    loss, the gradient norm before clipping)."""
+    cfg = run.cfg
+    for g in run.optimizer.param_groups:
+        g["lr"] = lr
+    batch = run.data.get_batch("train", cfg.batch_size, run.seq_len, run.train_gen).to(run.device, non_blocking=True)
+    if cfg.on_step is not None:
+        cfg.on_step(step, run.model, batch)
+    with run.autocast():
+        loss = run.model.loss(batch)
+    loss.backward()
+    if cfg.grad_clip:
+        gnorm = float(torch.nn.utils.clip_grad_norm_(run.params, cfg.grad_clip))
+    else:
+        gnorm = float(torch.linalg.vector_norm(
+            torch.stack([p.grad.detach().norm() for p in run.params if p.grad is not None])))
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    lv = float(loss.detach())
+    if cfg.on_loss is not None:
+        cfg.on_loss(step, lv)
+    return lv, gnorm
 
-    def run_eval(step: int) -> float:
-        if cfg.eval_batches <= 0:
-            return float("nan")
-        v = _evaluate(model, eval_data, autocast)
-        val_step.append(step)
-        val_loss.append(v)
-        return v
 
-    setup_s = time.perf_counter() - t_setup
+def _run_eval(run: _Run, history: _History, step: int) -> float:
+    """The validation loss before `step`, recorded in the history (NaN, unrecorded, without evaluation batches)."""
+    if run.cfg.eval_batches <= 0:
+        return float("nan")
+    v = _evaluate(run.model, run.eval_data, run.autocast)
+    history.val_step.append(step)
+    history.val_loss.append(v)
+    return v
+
+
+def _write_checkpoint(run: _Run, history: _History, step: int) -> None:
+    """The run before `step`, to resume from (after that step's evaluation, which it records)."""
+    cfg = run.cfg
+    save_checkpoint(run.out_dir / CHECKPOINT_FILE, Checkpoint(
+        capture(step, run.model, run.optimizer, run.train_gen), config_json(cfg), history.as_dict(),
+        cfg.hooks_state() if cfg.hooks_state is not None else None, run.run_start, run.resumed_at))
+
+
+def _loop(run: _Run, history: _History, stop: int, resumed: bool, log) -> _Outcome:
+    """Steps run.first .. stop - 1 with their evaluations and checkpoints; stops early at a non-finite loss."""
+    from tqdm.auto import tqdm
+
+    cfg = run.cfg
+    warmup = warmup_steps(cfg)
     t0 = time.perf_counter()
     eval_s = checkpoint_s = 0.0
-    if resume is None:
+    if not resumed:
         te = time.perf_counter()
-        last_val = run_eval(first)
+        last_val = _run_eval(run, history, run.first)
         eval_s += time.perf_counter() - te
     else:  # the evaluations so far are in the history (that of the resume step too, if it is an evaluation step)
-        last_val = val_loss[-1] if val_loss else float("nan")
-        log(f"resumed at step {first} of the run")
-
+        last_val = history.val_loss[-1] if history.val_loss else float("nan")
+        log(f"resumed at step {run.first} of the run")
     diverged = False
-    pbar = tqdm(range(first, stop), desc="train", disable=not cfg.progress, dynamic_ncols=True,
-                mininterval=0.5)
+    pbar = tqdm(range(run.first, stop), desc="train", disable=not cfg.progress, dynamic_ncols=True, mininterval=0.5)
     for step in pbar:
         lr = lr_at(step, cfg, warmup)
-        for g in optimizer.param_groups:
-            g["lr"] = lr
-        batch = data.get_batch("train", cfg.batch_size, seq_len, train_gen).to(device, non_blocking=True)
-        if cfg.on_step is not None:
-            cfg.on_step(step, model, batch)
-        with autocast():
-            loss = model.loss(batch)
-        loss.backward()
-        if cfg.grad_clip:
-            gnorm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
-        else:
-            gnorm = float(torch.linalg.vector_norm(
-                torch.stack([p.grad.detach().norm() for p in params if p.grad is not None])))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        lv = float(loss.detach())
-        if cfg.on_loss is not None:
-            cfg.on_loss(step, lv)
-        hist_step.append(step + 1)
-        hist_loss.append(lv)
-        hist_lr.append(lr)
-        hist_gnorm.append(gnorm)
+        lv, gnorm = _train_step(run, step, lr)
+        history.train_step.append(step + 1)
+        history.train_loss.append(lv)
+        history.lr.append(lr)
+        history.grad_norm.append(gnorm)
         if not math.isfinite(lv):
             diverged = True
             pbar.set_postfix_str(f"loss={lv} (diverged)")
@@ -576,71 +642,93 @@ def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: T
         is_last = step + 1 == stop
         if is_last or (cfg.eval_interval and (step + 1) % cfg.eval_interval == 0):
             te = time.perf_counter()
-            last_val = run_eval(step + 1)
+            last_val = _run_eval(run, history, step + 1)
             eval_s += time.perf_counter() - te
         if cfg.checkpoint_interval and (step + 1) % cfg.checkpoint_interval == 0 and not is_last:
             tc = time.perf_counter()
-            write_checkpoint(step + 1)
+            _write_checkpoint(run, history, step + 1)
             checkpoint_s += time.perf_counter() - tc
         pbar.set_postfix_str(f"loss={lv:.3f} val={last_val:.3f} lr={lr:.2e}", refresh=False)
     pbar.close()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    total_s = time.perf_counter() - t0
-    train_s = max(1e-9, total_s - eval_s - checkpoint_s)
-    steps_done = len(hist_loss)  # of the whole run, resumed or not
-    steps_here = steps_done - len(past["train"]["loss"])
+    if run.device.type == "cuda":
+        torch.cuda.synchronize(run.device)
+    return _Outcome(diverged, eval_s, checkpoint_s, time.perf_counter() - t0)
 
-    tail = [v for v in hist_loss[-10:] if math.isfinite(v)]
-    summary: dict[str, Any] = {
+
+def _summary(run: _Run, history: _History, outcome: _Outcome, setup_s: float) -> dict[str, Any]:
+    cfg = run.cfg
+    train_s = max(1e-9, outcome.total_s - outcome.eval_s - outcome.checkpoint_s)
+    steps_done = len(history.train_loss)  # of the whole run, resumed or not
+    steps_here = steps_done - history.steps_before
+    tail = [v for v in history.train_loss[-10:] if math.isfinite(v)]
+    val_loss = history.val_loss
+    return {
         "name": cfg.name,
         "config": config_json(cfg),
-        "model_config": dataclasses.asdict(mcfg),
-        "n_params": n_params,
-        "device": str(device),
-        "compute_dtype": "bfloat16 (autocast)" if use_amp else "float32",
+        "model_config": dataclasses.asdict(run.model_config),
+        "n_params": run.n_params,
+        "device": str(run.device),
+        "compute_dtype": "bfloat16 (autocast)" if run.use_amp else "float32",
         "torch_threads": torch.get_num_threads(),
-        "data": {"name": data.name, "tokens": len(data), "train_tokens": data.num_tokens("train"),
-                 "val_tokens": data.num_tokens("val"), "vocab_size": data.vocab_size},
+        "data": {"name": run.data.name, "tokens": len(run.data), "train_tokens": run.data.num_tokens("train"),
+                 "val_tokens": run.data.num_tokens("val"), "vocab_size": run.data.vocab_size},
         "precision": cfg.precision_name or jsonable(cfg.precision),
         "initial_precision": jsonable(cfg.precision),
-        "plan": jsonable(plan),
-        "linear_precisions": precs,  # at the start; a planner may change them during training
-        "final_linear_precisions": linear_precisions(model),
-        "precision_counts": counts,
-        "start_step": run_start,
-        "resumed_at": resumed_at,
+        "plan": jsonable(run.plan),
+        "linear_precisions": run.precisions,  # at the start; a planner may change them during training
+        "final_linear_precisions": linear_precisions(run.model),
+        "precision_counts": _precision_counts(run.precisions),
+        "start_step": run.run_start,
+        "resumed_at": list(run.resumed_at),
         "steps": steps_done,
-        "tokens_per_step": tokens_per_step,
-        "tokens": steps_done * tokens_per_step,
+        "tokens_per_step": run.tokens_per_step,
+        "tokens": steps_done * run.tokens_per_step,
         "initial_val_loss": val_loss[0] if val_loss else None,
         "final_train_loss": sum(tail) / len(tail) if tail else float("nan"),
-        "last_train_loss": hist_loss[-1] if hist_loss else None,
+        "last_train_loss": history.train_loss[-1] if history.train_loss else None,
         "final_val_loss": val_loss[-1] if val_loss else None,
-        "diverged": diverged,
-        "tokens_per_s": steps_here * tokens_per_step / train_s,  # the times are of this process's steps
+        "diverged": outcome.diverged,
+        "tokens_per_s": steps_here * run.tokens_per_step / train_s,  # the times are of this process's steps
         "step_time_s": train_s / max(1, steps_here),
         "train_time_s": train_s,
-        "eval_time_s": eval_s,
-        "checkpoint_time_s": checkpoint_s,
+        "eval_time_s": outcome.eval_s,
+        "checkpoint_time_s": outcome.checkpoint_s,
         "setup_time_s": setup_s,
-        "time_s": total_s + setup_s,
-        "history": history,
+        "time_s": outcome.total_s + setup_s,
+        "history": history.as_dict(),
     }
-    if out_dir is not None:
-        summary["out_dir"] = str(out_dir)
-        with open(out_dir / "summary.json", "w") as f:
-            json.dump(json_safe(summary), f, indent=2)
-        from .plots import plot_losses
 
-        title = (f"{name} ({_fmt_params(n_params)}), precision {summary['precision'] if isinstance(summary['precision'], str) else 'custom'}"
-                 f", seed {cfg.seed}")
-        plot_losses(out_dir / "loss.png", hist_step, hist_loss, val_step, val_loss, title=title)
-        if cfg.save_checkpoint:
-            torch.save({"model_config": dataclasses.asdict(mcfg), "model": model.state_dict()},
-                       out_dir / "model.pt")
-    if keep_state and not diverged:
-        summary["state"] = capture(stop, model, optimizer, train_gen)  # after summary.json: tensors
+
+def _write_outputs(run: _Run, summary: dict[str, Any], history: _History) -> None:
+    """summary.json, loss.png and (with save_checkpoint) model.pt in the output directory."""
+    cfg, out_dir = run.cfg, run.out_dir
+    summary["out_dir"] = str(out_dir)
+    with open(out_dir / "summary.json", "w") as f:
+        json.dump(json_safe(summary), f, indent=2)
+    from .plots import plot_losses
+
+    name = "custom" if cfg.model is not None else cfg.preset
+    precision = summary["precision"] if isinstance(summary["precision"], str) else "custom"
+    title = f"{name} ({_fmt_params(run.n_params)}), precision {precision}, seed {cfg.seed}"
+    plot_losses(out_dir / "loss.png", history.train_step, history.train_loss, history.val_step, history.val_loss,
+                title=title)
+    if cfg.save_checkpoint:
+        torch.save({"model_config": dataclasses.asdict(run.model_config), "model": run.model.state_dict()},
+                   out_dir / "model.pt")
+
+
+def _train(cfg: TrainConfig, device: torch.device, t_setup: float, log, start: TrainState | None, stop: int,
+           keep_state: bool, resume: Checkpoint | None) -> dict[str, Any]:
+    run = _setup_run(cfg, device, start, resume)
+    _log_start(run, stop, log)
+    history = _History.of(resume)
+    setup_s = time.perf_counter() - t_setup
+    outcome = _loop(run, history, stop, resume is not None, log)
+    summary = _summary(run, history, outcome, setup_s)
+    if run.out_dir is not None:
+        _write_outputs(run, summary, history)
+    if keep_state and not outcome.diverged:
+        summary["state"] = capture(stop, run.model, run.optimizer, run.train_gen)  # after summary.json: tensors
     return summary
 
 

@@ -1,4 +1,4 @@
-"""Training-stability numerics (DESIGN.md §5): check a precision plan before spending a cluster on it.
+"""Training-stability numerics (docs/design.md §5): check a precision plan before spending a cluster on it.
 
 * `exmy`              -- eXmY bit-reduction simulation on chosen GEMM operands (`exmy_precision`, `Scheme`),
   including the stability paper's masking simulation (`paper_scheme`);

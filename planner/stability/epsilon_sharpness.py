@@ -1,5 +1,5 @@
 """The stability paper's sharpness: an epsilon-sharpness in the style of Keskar et al., on the last token
-(DESIGN.md §5; our own metric, a KL divergence over all positions, is `sharpness`).
+(docs/design.md §5; our own metric, a KL divergence over all positions, is `sharpness`).
 
     phi_eps(theta) = 100 * max over delta in C_eps of (f(theta + delta) - f(theta)) / (1 + f(theta)),
     C_eps = { delta : |delta_i| <= eps (|theta_i| + 1) for every weight i }

@@ -1,4 +1,4 @@
-"""eXmY bit-reduction simulation: any exponent/mantissa width on chosen GEMM operands (DESIGN.md §5).
+"""eXmY bit-reduction simulation: any exponent/mantissa width on chosen GEMM operands (docs/design.md §5).
 
 A simulated format is an ordinary `snip_ops` precision: `exmy_precision` builds a `LinearPrecision`
 whose `GemmRecipe`s carry an eXmY `QuantSpec` on the chosen operands of the chosen GEMMs, so a model
@@ -13,7 +13,7 @@ Semantics (all from `snip_ops.cast.round_to_format`, the reference element cast)
   FP32 scale `amax / max_finite` first (tensor-wise); `scaling=(rows, cols)` uses blocks of that shape
   (0 = whole dimension), as the FP8/FP4 recipes do.
 * Rounding. RNE (round to nearest even), TRUNC (toward zero: masking the dropped mantissa bits) or
-  SR (stochastic, Philox bits keyed per layer and step, DESIGN.md §2). Saturation for all three.
+  SR (stochastic, Philox bits keyed per layer and step, docs/design.md §2). Saturation for all three.
 * Operands. `act` = activations (x in fprop, x^T in wgrad), `weight` = w (fprop) and w^T (dgrad),
   `grad` = output gradients (dy in dgrad, dy^T in wgrad); `gemms` picks which of fprop / dgrad / wgrad
   are simulated at all. An operand outside the selection stays in the model's dtype (FP32 on the CPU).

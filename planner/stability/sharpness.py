@@ -1,4 +1,4 @@
-"""Loss-landscape sharpness of an autoregressive LM, measured on its output distribution (DESIGN.md §5).
+"""Loss-landscape sharpness of an autoregressive LM, measured on its output distribution (docs/design.md §5).
 
     sharpness(rho, d) = mean over held-out tokens of KL( p_theta(. | prefix) || p_{theta + delta}(. | prefix) ) / rho^2
 

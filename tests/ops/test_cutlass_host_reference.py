@@ -74,7 +74,7 @@ def _host(arch: str, name: str) -> tuple[cutlass_host.HostReference, dict[str, s
 
 
 def _operand_specs(r, gemm: str) -> tuple[QuantSpec, QuantSpec]:
-    """(a, b) specs of one GEMM of a linear layer (DESIGN.md §3)."""
+    """(a, b) specs of one GEMM of a linear layer (docs/design.md §3)."""
     return {"fprop": (r.act, r.weight), "dgrad": (r.grad, r.weight), "wgrad": (r.grad, r.act)}[gemm]
 
 

@@ -39,7 +39,7 @@ needs_sm100_ops = pytest.mark.skipif(not all(_has(o) for o in SM100_OPS + SM100_
 
 
 def _operands(name: str, m: int, n: int, k: int, gemm_kind: str = "fprop", seed: int = 0):
-    """(a, b) QTensors of one of a linear layer's GEMMs under recipe `name` (DESIGN.md §3)."""
+    """(a, b) QTensors of one of a linear layer's GEMMs under recipe `name` (docs/design.md §3)."""
     g = torch.Generator().manual_seed(seed)
     r = recipe(name)
     if gemm_kind == "fprop":  # x [m, k], w [n, k]

@@ -108,8 +108,16 @@ def test_no_extension_warns_once_with_the_cause_the_path_and_the_fix(fake_gpu):
     fake_gpu("sm_90a", error="snip_ops._C was not built: a pure-Python install (SNIP_NO_EXT=1 at install time)")
     [message] = _first_use()
     assert "no quantize kernel for this sm_90a GPU" in message and "SNIP_NO_EXT=1 at install time" in message
-    assert PATH_TAKEN in message and "blockwise_bf16" in message
+    # no quantizer either: snip_ops.linear runs fully emulated, its exact GEMMs in FP64
+    assert PATH_TAKEN in message and "exact GEMMs in FP64" in message and "blockwise_bf16" not in message
     assert "pip install --no-build-isolation ." in message
+
+
+def test_a_missing_gemm_kernel_beside_the_quantizer_names_the_bf16_fallback(fake_gpu):
+    fake_gpu("sm_90a", native={"archs": ["sm_90a"], "kernels": {"quantize": ["sm_90a", "cpu"]}})
+    [message] = _first_use("fp8_gemm_nt_blockwise")
+    assert "lacks the fp8_gemm_nt_blockwise kernel" in message and PATH_TAKEN in message
+    assert "BF16 tensor cores (blockwise_bf16 or bf16_exact)" in message and "FP64" not in message
 
 
 def test_an_extension_for_other_archs_warns_with_the_arch_to_build(fake_gpu):

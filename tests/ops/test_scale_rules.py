@@ -1,4 +1,4 @@
-"""Block-scale rules over the whole float32 amax range, subnormals included (DESIGN.md §1).
+"""Block-scale rules over the whole float32 amax range, subnormals included (docs/design.md §1).
 
 POW2 and E8M0 scales are the smallest power of two >= amax / max_finite (IEEE float32 division), over
 the range the scale type represents: float32's 2^-149..2^127 for POW2, E8M0's 2^-127..2^127 (code 0 is

@@ -187,15 +187,11 @@ def test_config_errors():
     assert PlannerConfig(method="random", granularity="gemm").granularity == "gemm"  # baselines per GEMM too
     with pytest.raises(ValueError, match="method must be"):
         PlannerConfig(method="greedy")
-    for bad in (0, "forever", 2.5, "run_start"):
-        with pytest.raises(ValueError, match="wd_horizon must be"):
+    for bad in (0, "forever", 2.5, "run_start", "run_end"):  # "run_end" (WD priced at the run's end) was removed
+        with pytest.raises(ValueError, match="wd_horizon must be 'interval', 'settled' or a number of steps"):
             PlannerConfig(wd_horizon=bad)
     with pytest.raises(ValueError, match="PlannerConfig.wd_horizon"):
         PlannerConfig(divergence=DivergenceConfig(wd_horizon=5))
-    with pytest.raises(ValueError, match="has no horizon"):
-        PlannerConfig(divergence=DivergenceConfig(wd_units="update", wgrad_signal_share=False))
-    update_units = DivergenceConfig(wd_units="update", wgrad_signal_share=False)
-    assert PlannerConfig(wd_horizon="settled", divergence=update_units).divergence_config == update_units
     model, opt, _ = setup()
     with pytest.raises(TypeError, match="no .loss"):
         SnipPlanner(nn.Sequential(nn.Linear(4, 4)), None, PlannerConfig(**FAST)).step(0, torch.randn(2, 4))
@@ -207,7 +203,6 @@ def test_default_plans_are_per_gemm_with_wd_over_the_re_plan_interval():
     assert d.granularity == "gemm" and d.divergence_config == DivergenceConfig(draws=3, wd_horizon=40)
     assert PlannerConfig(wd_horizon=7).divergence_config.wd_horizon == 7
     assert PlannerConfig(wd_horizon="settled").divergence_config.wd_horizon is None
-    assert PlannerConfig(interval=40, wd_horizon="run_end").divergence_config.wd_horizon == 40
 
 
 def test_wd_horizon_reads_the_learning_rate_schedule_from_the_re_plan_step():
@@ -227,29 +222,6 @@ def test_wd_horizon_reads_the_learning_rate_schedule_from_the_re_plan_step():
     ending = setup(lr_schedule=lambda step: 1.0 if step < 1 else 0.0)[2].measure(batch, step=0)  # one step left
     for f, e in zip(full.layers, ending.layers):
         assert 0 < e.s_wgrad < f.s_wgrad and e.curvature == f.curvature
-
-
-def test_run_end_horizon_sums_the_schedule_after_the_plan_s_life_up_to_the_run_s_end():
-    """wd_horizon "run_end": the learning rates from the end of the plan's life (interval 2) to the schedule's
-    first 0, relative to the re-plan step's; a plan that lives to the run's end has none after it. It needs a
-    schedule that ends; an unended one or a negative rate is refused."""
-    _, _, planner = setup(lr_schedule=lambda step: max(10.0 - step, 0.0), wd_horizon="run_end")
-    assert planner._lr_after(0) == pytest.approx(sum(range(1, 9)) / 10)  # steps 2..9: 8 + 7 + ... + 1
-    assert planner._lr_after(4) == pytest.approx(sum(range(1, 5)) / 6)   # steps 6..9
-    assert planner._lr_after(8) == 0.0 and planner._lr_ratios(8) == [1.0, 0.5]
-    assert planner._lr_after(0) == pytest.approx(3.6)  # read again from the schedule's cached sums
-    assert setup(lr_schedule=lambda step: 1.0)[2]._lr_after(0) == 0.0  # the default horizon stops at the interval
-    with pytest.raises(ValueError, match="pass lr_schedule"):
-        setup(wd_horizon="run_end")
-    with pytest.raises(ValueError, match="no end"):
-        setup(lr_schedule=lambda step: 1.0, wd_horizon="run_end")[2]._lr_after(0)
-    with pytest.raises(ValueError, match="finite and >= 0"):
-        setup(lr_schedule=lambda step: 1.0 if step < 3 else -1.0, wd_horizon="run_end")[2]._lr_after(0)
-    batch = batches(1)[0]
-    interval = setup(lr_schedule=lambda step: max(10.0 - step, 0.0))[2].measure(batch, step=0)
-    at_end = planner.measure(batch, step=0)
-    for i, e in zip(interval.layers, at_end.layers):
-        assert 0 < e.s_wgrad < i.s_wgrad and 0 < e.s_dgrad < i.s_dgrad and e.curvature == i.curvature
 
 
 def test_batches_are_halved_and_cut_tensor_by_tensor():

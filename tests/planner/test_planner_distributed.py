@@ -8,7 +8,7 @@ import torch
 
 from causal_lm import CausalLM
 from planner import DivergenceConfig, PlannerConfig, PrecisionSchedule, SnipPlanner, StatsConfig
-from planner.divergence import lm_logits, measure
+from planner.divergence import PlannedModel, lm_logits, measure
 
 from gloo import run_on_ranks
 
@@ -21,8 +21,8 @@ def _measure_and_plan(rank: int) -> dict:
                         schedule=PrecisionSchedule(drift=1e-9, min_interval=1))
     planner = SnipPlanner(model, opt, cfg)
     batch = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(100 + rank))  # per-rank data
-    local = measure(planner.model, planner.layers, opt, batch, planner.loss_fn, cfg.candidates, cfg.stats,
-                    cfg.divergence_config, logits_fn=lm_logits)  # the planner's default for a causal LM
+    planned = PlannedModel(planner.model, planner.layers, opt, planner.loss_fn, lm_logits)  # a causal LM's default
+    local = measure(planned, batch, cfg.candidates, cfg.stats, cfg.divergence_config)
     plan = planner.step(0, batch)
     again = planner.step(1, torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(200 + rank)))
     return json.loads(json.dumps({"plan": plan.to_json(), "local": local.to_json(), "again": again is not None,

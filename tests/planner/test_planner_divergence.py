@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 from bounds import assert_within, gamma, gemm_error_bound, relative_frobenius, unit_roundoff
 from causal_lm import CausalLM
-from planner.divergence import DivergenceConfig, _sample, lm_logits, measure
+from planner.divergence import DivergenceConfig, PlannedModel, _sample, lm_logits, measure
 from planner.qerror import gemm_errors, relative_error
 from planner.stats import StatsConfig, adam_preconditioner, gradient_variance
 from snip_ops import SnipLinear, convert, gemm
@@ -44,10 +44,17 @@ def trained_tiny(steps: int = 4):
     return model, opt, layers, torch.randint(0, 64, (4, 33), generator=gen)
 
 
+def unshared_wgrad(stats) -> dict[str, float]:
+    """{layer: s_wgrad} before Adam's signal share (divergence.py), which scales every layer's by one factor."""
+    share = stats.diagnostics["wgrad_signal_share"]
+    assert share > 0
+    return {s.name: s.s_wgrad / share for s in stats.layers}
+
+
 @pytest.fixture(scope="module")
 def measured():
     model, opt, layers, batch = trained_tiny()
-    return measure(model, layers, opt, batch, loss_fn, CANDIDATES, StatsConfig(max_rows=128),
+    return measure(PlannedModel(model, layers, opt, loss_fn), batch, CANDIDATES, StatsConfig(max_rows=128),
                    DivergenceConfig(draws=2))
 
 
@@ -71,7 +78,8 @@ def test_divergences_are_zero_for_bf16_and_grow_as_precision_drops(measured):
 
 def test_measurement_is_deterministic(measured):
     model, opt, layers, batch = trained_tiny()
-    again = measure(model, layers, opt, batch, loss_fn, CANDIDATES, StatsConfig(max_rows=128), DivergenceConfig(draws=2))
+    again = measure(PlannedModel(model, layers, opt, loss_fn), batch, CANDIDATES, StatsConfig(max_rows=128),
+                    DivergenceConfig(draws=2))
     assert again.layers == measured.layers
     assert again.loss == measured.loss
 
@@ -81,7 +89,7 @@ def test_measurement_leaves_the_model_untouched():
     layers["model.layers.0.mlp.up_proj"].set_precision("fp4")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
-    measure(model, layers, opt, batch, loss_fn, ("fp8",), StatsConfig(max_rows=64), DivergenceConfig(draws=1))
+    measure(PlannedModel(model, layers, opt, loss_fn), batch, ("fp8",), StatsConfig(max_rows=64), DivergenceConfig(draws=1))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
     assert torch.equal(rng, torch.get_rng_state())
@@ -92,10 +100,10 @@ def test_measurement_leaves_the_model_untouched():
 
 def test_batched_estimators_agree_with_the_per_layer_definitions():
     model, opt, layers, batch = trained_tiny()
-    kw = dict(model=model, layers=layers, optimizer=opt, batch=batch, loss_fn=loss_fn, candidates=("fp4",),
+    kw = dict(planned=PlannedModel(model, layers, opt, loss_fn), batch=batch, candidates=("fp4",),
               stats_config=StatsConfig(max_rows=64))
     # Both methods are Monte Carlo estimators of the same per-layer numbers (s_dgrad: unbiased estimators
-    # of rms(dx)^2 tr(J P^2 J^T) / U^2; curvature: h_l up to O(sigma^2), sigma = 0.2 keeping the loss
+    # of rms(dx)^2 tr(J C J^T); curvature: h_l up to O(sigma^2), sigma = 0.2 keeping the loss
     # differences above float32 noise). Their means over independent seeds must agree within 6
     # standard errors of the difference, taken from the spread over the seeds.
     seeds = range(10)
@@ -120,66 +128,37 @@ def test_step_zero_uses_the_gradient_second_moment():
     model = convert(CausalLM.build(**CONFIG))
     opt = torch.optim.AdamW(model.parameters())
     layers = {n: m for n, m in model.named_modules() if isinstance(m, SnipLinear)}
-    stats = measure(model, layers, opt, torch.randint(0, 64, (2, 33)), loss_fn, ("fp8",), StatsConfig(max_rows=32),
-                    DivergenceConfig(draws=1))
+    stats = measure(PlannedModel(model, layers, opt, loss_fn), torch.randint(0, 64, (2, 33)), ("fp8",),
+                    StatsConfig(max_rows=32), DivergenceConfig(draws=1))
     assert "no Adam state" in stats.preconditioner
     assert all(s.s_wgrad > 0 for s in stats.layers)
 
 
 def test_adam_preconditioner_matches_the_next_adamw_update():
+    """excess_loss_weight = lr / (4 D) with D = sqrt(v_hat) + eps, and second_moment_sum = sum(v_hat), of the
+    update torch's AdamW takes next with gradient g (its second moment read back from a float64 step)."""
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(5, 3))
-    b1, b2, eps = 0.9, 0.95, 1e-8
-    opt = torch.optim.AdamW([p], lr=1.0, weight_decay=0.0, betas=(b1, b2), eps=eps)
+    b1, b2, eps, lr = 0.9, 0.95, 1e-8, 1e-2
+    opt = torch.optim.AdamW([p], lr=lr, weight_decay=0.0, betas=(b1, b2), eps=eps)
     for _ in range(3):
         p.grad = torch.randn(5, 3)
         opt.step()
-    state = copy.deepcopy(opt.state_dict())
-    start = p.detach().double()
-
-    def next_update(grad):  # the update torch's AdamW (lr = 1) takes from the saved state, in float64
-        q = torch.nn.Parameter(start.clone())
-        o = torch.optim.AdamW([q], lr=1.0, weight_decay=0.0, betas=(b1, b2), eps=eps)
-        o.load_state_dict(copy.deepcopy(state))  # the moments become float64 (exactly)
-        q.grad = grad.double()
-        o.step()
-        return start - q.detach()
-
     g = torch.randn(5, 3)
+    q = torch.nn.Parameter(p.detach().double().clone())
+    o = torch.optim.AdamW([q], lr=lr, weight_decay=0.0, betas=(b1, b2), eps=eps)
+    o.load_state_dict(copy.deepcopy(opt.state_dict()))  # the moments become float64 (exactly)
+    q.grad = g.double()
+    o.step()
+    v_hat = o.state[q]["exp_avg_sq"] / (1 - b2**4)  # the next update is the optimizer's 4th
     pre = adam_preconditioner(opt, {p: g})
-    # The preconditioner runs in float32. From the state in float64: m_hat = (b1 m + (1 - b1) g) / bc1
-    # costs 4u (b1 |m| + (1 - b1) |g|) / bc1 plus 2u of itself, v_hat 7u, D = sqrt(v_hat) + eps 6.5u
-    # (a 1-ulp sqrt), U = m_hat / D 1u more: |U32 - U| <= 4u A / (bc1 D) + 10u |U|. The float64 side's
-    # roundings (< 1e-8 of these) are covered by rounding the counts up.
-    u, t = unit_roundoff(torch.float32), 4
-    bc1, bc2 = 1 - b1**t, 1 - b2**t
-    m, v, g64 = state["state"][0]["exp_avg"].double(), state["state"][0]["exp_avg_sq"].double(), g.double()
-    m_hat, v_hat = (b1 * m + (1 - b1) * g64) / bc1, (b2 * v + (1 - b2) * g64 * g64) / bc2
-    root = v_hat.sqrt()
-    d = root + eps
-    update = m_hat / d
-    a_over_d = (b1 * m.abs() + (1 - b1) * g64.abs()) / (bc1 * d)
-    e_update = 4 * u * a_over_d + 10 * u * update.abs()
-    want = next_update(g)
-    assert_within(want, update, 8 * unit_roundoff(torch.float64) * (start.abs() + update.abs()), "torch AdamW")
-    # sum of 15 squares in float32: gamma_16 more
-    e_sq = float((e_update * (2 * update.abs() + e_update)).sum()) + gamma(16) * float(update.pow(2).sum())
-    assert abs(pre.update_sq_norm - float(want.pow(2).sum())) <= e_sq
-    # d(update)/d(grad) = (1 - b1) / (bc1 D) - m_hat d_root / D^2, d_root = (1 - b2) g / (bc2 root); in
-    # float32 each term within 40u of itself, plus m_hat's absolute error through the second one.
-    d_root = (1 - b2) * g64 / (bc2 * root)
-    first, second = (1 - b1) / (bc1 * d), m_hat * d_root / d.pow(2)
-    e_scale = 40 * u * (first.abs() + second.abs()) + 4 * u * a_over_d * (d_root / d).abs()
-    # Central differences of the float64 update: O(h^3) truncation, estimated from the step 2h
-    # (D(2h) - 2 D(h) = 6 times it), doubled for the higher orders.
-    h = 1e-3 * torch.randn(5, 3, dtype=torch.float64)
-
-    def central(step):
-        return next_update(g64 + step) - next_update(g64 - step)
-
-    truncation = (central(2 * h) - 2 * central(h)).abs() / 3
-    bound = 2 * h.abs() * e_scale + truncation + 16 * unit_roundoff(torch.float64) * start.abs()
-    assert_within(central(h), 2 * pre.scale[p].double() * h, bound, "preconditioner")
+    # In float32: v_hat = (b2 v + (1 - b2) g^2) / bc2 within 5u (positive terms), D = sqrt(v_hat) + eps within
+    # 2.5u + 1u + 1u, lr / 4 / D within 2u more; the float64 side's roundings are far below. 16u covers all.
+    u = unit_roundoff(torch.float32)
+    want = lr / 4 / (v_hat.sqrt() + eps)
+    assert_within(pre.excess_loss_weight[p].double(), want, 16 * u * want, "excess-loss weight")
+    assert abs(pre.second_moment_sum[p] - float(v_hat.sum())) <= 16 * u * float(v_hat.sum())
+    assert pre.source == "adam state (exp_avg, exp_avg_sq)"
 
 
 def test_memory_cap_bounds_the_row_sample():
@@ -244,8 +223,8 @@ def test_fisher_curvature_is_the_gauss_newton_trace():
     layers = {n: m for n, m in model.named_modules() if isinstance(m, SnipLinear)}
     opt = torch.optim.AdamW(model.parameters())
     batch = torch.randint(0, 24, (2, 4), generator=torch.Generator().manual_seed(3))
-    kw = dict(model=model, layers=layers, optimizer=opt, batch=batch, loss_fn=loss_fn, candidates=("fp8",),
-              stats_config=StatsConfig(max_rows=16), logits_fn=lm_logits)
+    kw = dict(planned=PlannedModel(model, layers, opt, loss_fn, lm_logits), batch=batch, candidates=("fp8",),
+              stats_config=StatsConfig(max_rows=16))
     runs = [measure(**kw, config=DivergenceConfig(method="fisher", draws=8, seed=s)) for s in range(12)]
     assert all(s.curvature >= 0 for m in runs for s in m.layers)
     assert all(m.diagnostics["ld_fisher"] == 1.0 for m in runs)
@@ -286,21 +265,19 @@ def test_fisher_labels_follow_the_model_and_never_a_class_of_zero_mass():
 
 
 def test_loss_unit_wd_is_the_stationary_excess_loss_weight():
-    """s_wgrad = rms(dW)^2 sum lr / (4 (sqrt(v_hat) + eps)) exactly; doubling lr doubles both sensitivities
-    (s_dgrad up to the O(h) nonlinearity of its finite difference); update units keep P^2 / U^2."""
+    """s_wgrad = rms(dW)^2 sum lr / (4 (sqrt(v_hat) + eps)) exactly (times Adam's signal share, which does not
+    depend on lr); doubling lr doubles both sensitivities (s_dgrad up to the O(h) nonlinearity of its finite
+    difference)."""
     model, opt, layers, batch = trained_tiny()
-    kw = dict(model=model, layers=layers, optimizer=opt, batch=batch, loss_fn=loss_fn, candidates=("fp4",),
+    kw = dict(planned=PlannedModel(model, layers, opt, loss_fn), batch=batch, candidates=("fp4",),
               stats_config=StatsConfig(max_rows=64), config=DivergenceConfig(draws=1, method="batched"))
     base = measure(**kw)
-    assert base.wd_units == "loss"
     for group in opt.param_groups:
         group["lr"] *= 2
     doubled = measure(**kw)
     for a, b in zip(base.layers, doubled.layers):
         assert b.s_wgrad == 2 * a.s_wgrad
         assert b.s_dgrad == pytest.approx(2 * a.s_dgrad, rel=1e-3)
-    update = measure(**{**kw, "config": DivergenceConfig(draws=1, method="batched", wd_units="update", wgrad_signal_share=False)})
-    assert update.wd_units == "update" and all(s.s_wgrad > 0 and s.s_dgrad > 0 for s in update.layers)
 
 
 def test_horizon_wd_is_the_excess_loss_reached_within_the_horizon():
@@ -318,17 +295,20 @@ def test_horizon_wd_is_the_excess_loss_reached_within_the_horizon():
         opt.step()
         opt.zero_grad(set_to_none=True)
     batch = torch.randint(0, 24, (2, 5), generator=gen)
-    kw = dict(model=model, layers=layers, optimizer=opt, batch=batch, loss_fn=loss_fn, candidates=("fp4",),
-              stats_config=StatsConfig(max_rows=16), logits_fn=lm_logits)
-    plain = DivergenceConfig(draws=2, wgrad_signal_share=False)  # the horizon's formula, without the signal share
+    kw = dict(planned=PlannedModel(model, layers, opt, loss_fn, lm_logits), batch=batch, candidates=("fp4",),
+              stats_config=StatsConfig(max_rows=16))
+    plain = DivergenceConfig(draws=2)
     settled = measure(**kw, config=plain)
     long = measure(**kw, config=dataclasses.replace(plain, wd_horizon=10**12))
     short = [measure(**kw, config=dataclasses.replace(plain, draws=8, wd_horizon=1, seed=s)) for s in range(12)]
+    for a, b in zip(unshared_wgrad(settled).values(), unshared_wgrad(long).values()):
+        assert b == pytest.approx(a, rel=1e-6)
     for a, b in zip(settled.layers, long.layers):
-        assert b.s_wgrad == pytest.approx(a.s_wgrad, rel=1e-6) and b.curvature == a.curvature
+        assert b.curvature == a.curvature
     for m in short:
-        for a, b in zip(settled.layers, m.layers):
-            assert 0 < b.s_wgrad < a.s_wgrad and b.s_dgrad > 0 and b.curvature > 0
+        for a, b in zip(unshared_wgrad(settled).values(), unshared_wgrad(m).values()):
+            assert 0 < b < a
+        assert all(s.s_dgrad > 0 and s.curvature > 0 for s in m.layers)
 
     params = [p for p in model.parameters() if p.requires_grad]
     grads = dict(zip(params, torch.autograd.grad(model.loss(batch), params)))
@@ -346,7 +326,7 @@ def test_horizon_wd_is_the_excess_loss_reached_within_the_horizon():
     want = torch.tensor([8 * rms2[n] * float((c[w].double().pow(2) * e).sum()) for n, w, e in
                          zip(layers, weights, exact)])
     # (1 - exp(-x)) = x - x^2/2 + ...: the second-order term is far below the Monte Carlo noise at T = 1
-    est = torch.tensor([[m.by_name()[n].s_wgrad for n in layers] for m in short], dtype=torch.float64)
+    est = torch.tensor([[unshared_wgrad(m)[n] for n in layers] for m in short], dtype=torch.float64)
     standard_error = (est.var(0) / len(short)).sqrt()
     assert ((est.mean(0) - want).abs() < 6 * standard_error).all(), (est.mean(0), want)
 
@@ -355,9 +335,8 @@ def test_horizon_wd_follows_the_learning_rate_schedule():
     """lr_ratios all 1 is the constant-rate horizon (to the table's interpolation); a decay lowers every layer's
     WD and leaves LD alone; no step after this one (the run ends) prices no noise at all."""
     model, opt, layers, batch = trained_tiny()
-    kw = dict(model=model, layers=layers, optimizer=opt, batch=batch, loss_fn=loss_fn, candidates=("fp4",),
-              stats_config=StatsConfig(max_rows=64), config=DivergenceConfig(draws=2, wd_horizon=10),
-              logits_fn=lm_logits)
+    kw = dict(planned=PlannedModel(model, layers, opt, loss_fn, lm_logits), batch=batch, candidates=("fp4",),
+              stats_config=StatsConfig(max_rows=64), config=DivergenceConfig(draws=2, wd_horizon=10))
     constant = measure(**kw)
     ones = measure(**kw, lr_ratios=[1.0] * 10)
     decay = measure(**kw, lr_ratios=[1 - 0.09 * t for t in range(10)])
@@ -371,27 +350,24 @@ def test_horizon_wd_follows_the_learning_rate_schedule():
         measure(**kw, lr_ratios=[1.0] * 3)
     with pytest.raises(ValueError, match="set DivergenceConfig.wd_horizon"):
         measure(**{**kw, "config": DivergenceConfig(draws=2)}, lr_ratios=[1.0] * 10)
-    # the excess loss carried to the run's end through many noise-free steps: far less (wgrad without the signal
-    # share, whose layer weights would move too; dgrad's Monte Carlo estimate drops by orders of magnitude), LD
-    # unchanged
-    kw["config"] = DivergenceConfig(draws=2, wd_horizon=10, wgrad_signal_share=False)
-    horizon_end = measure(**kw, lr_ratios=[1 - 0.09 * t for t in range(10)])
-    at_end = measure(**kw, lr_ratios=[1 - 0.09 * t for t in range(10)], lr_after=1e5)
-    for d, e in zip(horizon_end.layers, at_end.layers):
-        assert 0 < e.s_wgrad < d.s_wgrad and 0 < e.s_dgrad < d.s_dgrad and e.curvature == d.curvature
-    with pytest.raises(ValueError, match="pass lr_ratios too"):
-        measure(**kw, lr_after=5.0)
 
 
-def test_horizon_wd_needs_loss_units_and_a_batch_to_halve_without_logits():
+def test_horizon_wd_needs_a_horizon_and_a_batch_to_halve_without_logits():
     with pytest.raises(ValueError, match="wd_horizon must be"):
         DivergenceConfig(wd_horizon=0)
-    with pytest.raises(ValueError, match="wd_units 'loss'"):
-        DivergenceConfig(wd_horizon=10, wd_units="update", wgrad_signal_share=False)
     model, opt, layers, batch = trained_tiny(1)
     with pytest.raises(ValueError, match=">= 2 rows in every tensor"):
-        measure(model, layers, opt, batch[:1], loss_fn, ("fp4",), StatsConfig(max_rows=16),
+        measure(PlannedModel(model, layers, opt, loss_fn), batch[:1], ("fp4",), StatsConfig(max_rows=16),
                 DivergenceConfig(wd_horizon=10))
+
+
+@pytest.mark.parametrize("removed", [{"ld_form": "directional"}, {"wd_units": "update"},
+                                     {"wgrad_signal_share": False}])
+def test_removed_divergence_options_are_refused(removed):
+    """LD is isotropic, WD an excess loss and Adam's signal share always applies: the options that chose otherwise
+    are gone, and passing one fails."""
+    with pytest.raises(TypeError, match=next(iter(removed))):
+        DivergenceConfig(**removed)
 
 
 def test_horizon_wd_without_logits_reads_the_gauss_newton_diagonal_from_the_gradient_variance():
@@ -399,21 +375,22 @@ def test_horizon_wd_without_logits_reads_the_gauss_newton_diagonal_from_the_grad
     linear layers' rows: s_wgrad = rms(dW)^2 sum c_i (1 - exp(-8 T c_i N Var_i)), recomputed here from the
     gradients of the whole and the first half batch; LD and s_dgrad's curvature pass are unchanged."""
     model, opt, layers, batch = trained_tiny()
-    kw = dict(model=model, layers=layers, optimizer=opt, batch=batch, loss_fn=loss_fn, candidates=("fp4",),
+    kw = dict(planned=PlannedModel(model, layers, opt, loss_fn), batch=batch, candidates=("fp4",),
               stats_config=StatsConfig(max_rows=64))
-    settled = measure(**kw, config=DivergenceConfig(draws=1, wgrad_signal_share=False))  # the horizon's formula alone
-    horizon = measure(**kw, config=DivergenceConfig(draws=1, wd_horizon=20, wgrad_signal_share=False))
+    settled = measure(**kw, config=DivergenceConfig(draws=1))
+    horizon = measure(**kw, config=DivergenceConfig(draws=1, wd_horizon=20))
     params = [p for p in model.parameters() if p.requires_grad]
     full = torch.autograd.grad(model.loss(batch), params)
     half = torch.autograd.grad(model.loss(batch[:2]), params)
     c = adam_preconditioner(opt, dict(zip(params, full))).excess_loss_weight
     rows = batch.shape[0] * (batch.shape[1] - 1)
+    settled_wgrad, horizon_wgrad = unshared_wgrad(settled), unshared_wgrad(horizon)
     for (name, layer), a, b in zip(layers.items(), settled.layers, horizon.layers):
         i = next(i for i, p in enumerate(params) if p is layer.weight)
         gn = rows * (half[i] - full[i]).float().pow(2)  # halves of equal size: n_a / n_b = 1
         want = b.weight_grad_rms ** 2 * float((c[layer.weight] * -torch.expm1(-8 * 20 * c[layer.weight] * gn)).sum())
-        assert b.s_wgrad == pytest.approx(want, rel=1e-4), name
-        assert b.s_wgrad < a.s_wgrad and b.curvature == a.curvature
+        assert horizon_wgrad[name] == pytest.approx(want, rel=1e-4), name
+        assert horizon_wgrad[name] < settled_wgrad[name] and b.curvature == a.curvature
     assert "time_gradient_variance_s" in horizon.diagnostics
 
 
@@ -453,8 +430,8 @@ def test_gradient_noise_loss_is_the_half_batch_estimate():
     """sum_i c_i (g_half - g)_i^2 with c = lr / (4 (sqrt(v_hat) + eps)), g the full batch's gradient (halves
     of equal size)."""
     model, opt, layers, batch = trained_tiny()
-    stats = measure(model, layers, opt, batch, loss_fn, ("fp8",), StatsConfig(max_rows=64), DivergenceConfig(draws=1),
-                    gradient_noise=True)
+    stats = measure(PlannedModel(model, layers, opt, loss_fn), batch, ("fp8",), StatsConfig(max_rows=64),
+                    DivergenceConfig(draws=1), gradient_noise=True)
     params = [p for p in model.parameters() if p.requires_grad]
     full = torch.autograd.grad(model.loss(batch), params)
     half = torch.autograd.grad(model.loss(batch[:2]), params)

@@ -35,7 +35,7 @@ def _planner_outputs(opt: torch.optim.AdamW) -> list[torch.Tensor]:
            for e in gemm_errors(rec, ("fp8", "fp4", "nvfp4", "mxfp4"), seed=2).values()]
     params = opt.param_groups[0]["params"]
     pre = adam_preconditioner(opt, {p: torch.randn(p.shape, generator=g) for p in params})
-    return out + [pre.scale[p] for p in params]
+    return out + [pre.excess_loss_weight[p] for p in params]
 
 
 def test_no_scalar_divisor_in_the_planner():

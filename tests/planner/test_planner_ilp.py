@@ -15,7 +15,7 @@ from bounds import gamma
 from planner.cost import (Budget, LayerShape, MeasuredCost, PlanMetrics, TheoreticalCost, gemm_flops, gemm_shape,
                           is_fp4, plan_metrics)
 from planner.exact import Knapsack, relax, search
-from planner.ilp import InfeasibleBudget, gemm_objective, plan_objective, solve
+from planner.ilp import Constraints, Heuristic, InfeasibleBudget, gemm_objective, plan_objective, solve
 from planner.stats import LayerStats, PlannerStats
 from snip_ops.formats import GEMMS
 
@@ -218,7 +218,8 @@ def test_solve_is_exact_on_random_instances(chunk):
                 f"{case['budget'].describe()}, {len(case['groups'])} stage(s), pinned={case['pinned']}")
         try:
             plan = solve(case["stats"], case["budget"], case["candidates"], lam=case["lam"],
-                         granularity=case["granularity"], pinned=case["pinned"] or None, stages=case["stages"])
+                         granularity=case["granularity"],
+                         constraints=Constraints(pinned=case["pinned"] or None, stages=case["stages"]))
         except InfeasibleBudget:
             if case["optimum"] is not None:
                 failures.append(f"{what}: InfeasibleBudget, but the optimum is {case['optimum']:.6g}")
@@ -288,8 +289,8 @@ def test_tiny_terms_next_to_a_large_one():
 
 def test_search_cut_short_warns_and_reports_its_gap(monkeypatch):
     def arguments(case):
-        return dict(lam=case["lam"], granularity=case["granularity"], pinned=case["pinned"] or None,
-                    stages=case["stages"])
+        return dict(lam=case["lam"], granularity=case["granularity"],
+                    constraints=Constraints(pinned=case["pinned"] or None, stages=case["stages"]))
 
     rng = np.random.default_rng(5)
     case = next(c for c in (random_instance(rng) for _ in range(1000))  # one whose proof takes the search a node
@@ -330,7 +331,7 @@ def test_ilp_with_pins_and_stages_matches_brute_force():
     stages = {names[0]: 0, names[1]: 0, names[2]: 0, "*": 1}
     pinned = {names[1]: "fp8"}
     budget = Budget.fp4_fraction(0.4)
-    plan = solve(stats, budget, ("fp8", "fp4"), lam=2.0, pinned=pinned, stages=stages)
+    plan = solve(stats, budget, ("fp8", "fp4"), lam=2.0, constraints=Constraints(pinned=pinned, stages=stages))
     assert plan.precisions[names[1]].fprop.name == "fp8"
     expected = brute_force(stats, budget, ("fp8", "fp4"), 2.0, "layer", pinned, [names[:3], names[3:]])
     assert plan.metrics["objective"] == pytest.approx(expected, rel=1e-9)
@@ -355,7 +356,7 @@ def test_budget_met_exactly_at_the_boundary():
 
 def test_everything_pinned():
     stats = synthetic_stats(2, 8)
-    plan = solve(stats, Budget.fp4_fraction(0.0), ("fp8", "fp4"), pinned={"*": "fp8"})
+    plan = solve(stats, Budget.fp4_fraction(0.0), ("fp8", "fp4"), constraints=Constraints(pinned={"*": "fp8"}))
     assert all(str(p) == "fp8" for p in plan.precisions.values())
 
 
@@ -373,7 +374,7 @@ def test_infeasible_budgets_name_the_tightest_feasible_value():
     assert e.value.cheapest == pytest.approx(0.25)
     name = stats.layers[0].name
     with pytest.raises(InfeasibleBudget, match="pinned") as e:
-        solve(stats, Budget.fp4_fraction(1.0), ("fp8", "fp4"), pinned={name: "fp8"})
+        solve(stats, Budget.fp4_fraction(1.0), ("fp8", "fp4"), constraints=Constraints(pinned={name: "fp8"}))
     shapes = {s.name: s.shape for s in stats.layers}
     total = sum(s.in_features * s.out_features for s in shapes.values())
     assert e.value.cheapest == pytest.approx(1 - shapes[name].in_features * shapes[name].out_features / total)
@@ -394,11 +395,11 @@ def test_bad_inputs_give_clear_errors():
     with pytest.raises(ValueError, match="granularity"):
         solve(stats, Budget.fp4_fraction(0.5), granularity="tensor")
     with pytest.raises(ValueError, match="matches no planned layer"):
-        solve(stats, Budget.fp4_fraction(0.5), pinned={"nothing.*": "fp8"})
+        solve(stats, Budget.fp4_fraction(0.5), constraints=Constraints(pinned={"nothing.*": "fp8"}))
     with pytest.raises(ValueError, match="must be a candidate or bf16"):
-        solve(stats, Budget.fp4_fraction(0.5), pinned={"*": "mxfp4"})
+        solve(stats, Budget.fp4_fraction(0.5), constraints=Constraints(pinned={"*": "mxfp4"}))
     with pytest.raises(ValueError, match="no pipeline stage"):
-        solve(stats, Budget.fp4_fraction(0.5), stages={stats.layers[0].name: 0})
+        solve(stats, Budget.fp4_fraction(0.5), constraints=Constraints(stages={stats.layers[0].name: 0}))
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
         Budget.fp4_fraction(1.5)
     with pytest.raises(ValueError, match="> 0"):
@@ -454,7 +455,7 @@ def test_objective_terms_ablation():
     wd_only = solve(stats, budget, terms="wd")
     assert wd_only.precisions == solve(flat, budget).precisions
     assert wd_only.metrics["objective"] == plan_objective(wd_only.assignment(), stats, 1.0)["objective"]
-    custom = solve(stats, budget, objective=lambda s, g, p: s.errors[p][g], method="errors")
+    custom = solve(stats, budget, heuristic=Heuristic("errors", lambda s, g, p: s.errors[p][g]))
     assert custom.method == "errors" and budget.satisfied_by(plan_metrics_of(custom, stats))
     with pytest.raises(ValueError, match="terms"):
         solve(stats, budget, terms="wd+ld")
@@ -465,12 +466,9 @@ def plan_metrics_of(plan, stats):
     return plan_metrics(plan.assignment(), {s.name: s.shape for s in stats.layers})
 
 
-def test_wd_units_scale_the_objective():
-    """In loss units WD enters as lambda WD / L; in update units as lambda WD."""
+def test_wd_enters_the_objective_as_an_excess_loss_over_the_loss():
+    """lambda WD / L, as LD / L."""
     stats = synthetic_stats(1, 4)
     s = stats.layers[0]
-    loss_units = gemm_objective(s, "wgrad", "fp4", stats.loss, 2.0)
-    update_units = gemm_objective(s, "wgrad", "fp4", stats.loss, 2.0, wd_units="update")
-    assert loss_units == 2.0 * s.wd("fp4", "wgrad") / stats.loss and update_units == 2.0 * s.wd("fp4", "wgrad")
-    old = PlannerStats.from_json({k: v for k, v in stats.to_json().items() if k != "wd_units"})
-    assert old.wd_units == "update" and PlannerStats.from_json(stats.to_json()).wd_units == "loss"
+    assert gemm_objective(s, "wgrad", "fp4", stats.loss, 2.0) == 2.0 * s.wd("fp4", "wgrad") / stats.loss
+    assert gemm_objective(s, "fprop", "fp4", stats.loss, 2.0) == s.ld("fp4") / stats.loss

@@ -73,7 +73,7 @@ def test_spacing_halves_while_plans_go_stale_and_doubles_while_they_hold():
 def _objective_by_hand(planner, plan, stats):
     c = planner.config
     if c.method == "snip":
-        term = lambda s, g, p: gemm_objective(s, g, p, stats.loss, c.lam, stats.wd_units, c.terms)  # noqa: E731
+        term = lambda s, g, p: gemm_objective(s, g, p, stats.loss, c.lam, c.terms)  # noqa: E731
     else:
         term = baseline_objective(c.method, stats, "fp4", granularity=c.granularity)
     chosen = plan.assignment()

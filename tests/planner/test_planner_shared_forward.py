@@ -8,7 +8,7 @@ from torch.nn import functional as F
 
 from causal_lm import CausalLM, trained_causal_lm
 from planner import DivergenceConfig, PlannerConfig, StatsConfig
-from planner.divergence import lm_logits, measure
+from planner.divergence import PlannedModel, lm_logits, measure
 from planner.stats import record
 
 CONFIG = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=96, max_seq_len=16)
@@ -40,8 +40,8 @@ def test_measure_shares_the_forward_and_its_statistics_are_the_same_to_the_last_
     for logits_fn in (lm_logits, own_forward_logits):
         calls, handle = model_calls(model)
         try:
-            stats = measure(model, layers, opt, batch, lambda m, b: m.loss(b), ("fp8", "fp4"), StatsConfig(), config,
-                            logits_fn=logits_fn)
+            stats = measure(PlannedModel(model, layers, opt, lambda m, b: m.loss(b), logits_fn), batch, ("fp8", "fp4"),
+                            StatsConfig(), config)
         finally:
             handle.remove()
         results[logits_fn] = stats, len(calls)

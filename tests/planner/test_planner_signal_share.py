@@ -3,15 +3,14 @@ sequence, both of sequence_grad_sq's paths, the signal fraction as the mean over
 products (unbiased for ||mu||^2), one WD-weighted factor clipped to [0, 1], and measure() scaling wgrad's WD by it
 and nothing else; layouts it cannot read warn and keep WD's price."""
 
-import dataclasses
-
 import pytest
 import torch
 from torch import nn
 
 from causal_lm import CausalLM, trained_causal_lm
 from planner import DivergenceConfig, PlannerConfig, SnipPlanner, StatsConfig
-from planner.divergence import measure, signal_fractions, weighted_signal_share
+from planner import divergence
+from planner.divergence import PlannedModel, measure, signal_fractions, weighted_signal_share
 from planner.stats import record, sequence_grad_sq
 from snip_ops import SnipLinear, convert
 
@@ -118,12 +117,14 @@ def test_weighted_signal_share_weighs_layers_by_their_wgrad_price_and_clips():
     assert weighted_signal_share({"a": 0.3}, {"a": 0.0}, errors) == 1.0  # no wgrad priced: WD as it is
 
 
-def test_measure_scales_wgrad_wd_by_the_share_and_nothing_else():
+def test_measure_scales_wgrad_wd_by_the_share_and_nothing_else(monkeypatch):
     model, layers, opt, batch = trained_lm()
-    kw = dict(model=model, layers=layers, optimizer=opt, batch=batch, loss_fn=loss_fn, candidates=("fp8", "fp4"),
-              stats_config=StatsConfig(max_rows=16))
-    with_share = measure(**kw, config=DivergenceConfig(wd_horizon=10))
-    without = measure(**kw, config=DivergenceConfig(wd_horizon=10, wgrad_signal_share=False))
+    kw = dict(planned=PlannedModel(model, layers, opt, loss_fn), batch=batch, candidates=("fp8", "fp4"),
+              stats_config=StatsConfig(max_rows=16), config=DivergenceConfig(wd_horizon=10))
+    with_share = measure(**kw)
+    with monkeypatch.context() as m:
+        m.setattr(divergence, "_signal_share", lambda *args: None)  # as where the share cannot be measured
+        without = measure(**kw)
     share = with_share.diagnostics["wgrad_signal_share"]
     assert 0 < share < 1 and "wgrad_signal_share" not in without.diagnostics
     rec = record(model, layers, batch, loss_fn, opt, StatsConfig(max_rows=16), sequence_grads=True)
@@ -160,19 +161,13 @@ def test_a_batch_without_a_sequence_layout_keeps_wgrads_price_and_warns(sequence
     model = FlatLM() if sequences > 1 else convert(CausalLM.build(**CONFIG, vocab_size=VOCAB))
     layers = {n: m for n, m in model.named_modules() if isinstance(m, SnipLinear)}
     batch = torch.randn(4, 6, 8) if sequences > 1 else torch.randint(0, VOCAB, (1, 13))
-    kw = dict(model=model, layers=layers, optimizer=None, batch=batch, loss_fn=loss_fn, candidates=("fp4",),
-              stats_config=StatsConfig(max_rows=16), config=DivergenceConfig(method="batched"))
     with pytest.warns(UserWarning, match="keeps its price"):
-        shared = measure(**kw)
-    plain = measure(**{**kw, "config": dataclasses.replace(kw["config"], wgrad_signal_share=False)})
+        shared = measure(PlannedModel(model, layers, None, loss_fn), batch, ("fp4",), StatsConfig(max_rows=16),
+                         DivergenceConfig(method="batched"))
     assert "wgrad_signal_share" not in shared.diagnostics
-    assert [s.s_wgrad for s in shared.layers] == [s.s_wgrad for s in plain.layers]
     rec = record(model, layers, batch, loss_fn, None, StatsConfig(max_rows=16), sequence_grads=True)
+    weights = rec.preconditioner.excess_loss_weight
+    assert [s.s_wgrad for s in shared.layers] == [  # the settled price, unscaled (divergence.weight_sensitivity)
+        float(rec.layers[n].weight_grad.pow(2).mean() * weights[layer.weight].sum()) for n, layer in layers.items()]
     with pytest.raises(ValueError, match="per-sequence gradients"):
         signal_fractions(rec, layers)
-
-
-def test_the_share_scales_an_excess_loss_only():
-    with pytest.raises(ValueError, match="wgrad_signal_share scales an excess loss"):
-        DivergenceConfig(wd_units="update")
-    assert not DivergenceConfig(wd_units="update", wgrad_signal_share=False).wgrad_signal_share

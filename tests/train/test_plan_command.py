@@ -203,12 +203,12 @@ def test_an_infeasible_budget_is_a_usage_error(hf_dir, token_file, tmp_path, cap
         "got ['fp8']")
 
 
-def test_a_run_end_horizon_is_refused_without_a_run(hf_dir, token_file, tmp_path, capsys):
-    """A plan made outside a training run has no learning-rate schedule to price WD at the run's end along."""
+def test_an_unknown_wd_horizon_is_refused(hf_dir, token_file, tmp_path, capsys):
+    """Before anything is loaded; "run_end" (WD priced at the run's end) is no longer a horizon."""
     argv = ["plan", "--hf", str(hf_dir), "--data", str(token_file), "--out", str(tmp_path / "out"),
             "--wd-horizon", "run_end", *CALIBRATION]
     assert cli.main(argv) == 2
-    assert "'run_end' needs a training run's learning-rate schedule" in capsys.readouterr().err
+    assert "expected 'interval', 'settled' or a number of steps, got 'run_end'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

@@ -36,10 +36,11 @@ def test_cli_flags():
                                               "--planner-pin", "*.layers.0.*=fp8", "--planner-granularity", "gemm"]))
     assert cfg.budget == Budget.relative_cost(0.4) and cfg.interval == 50 and cfg.pinned == {"*.layers.0.*": "fp8"}
     assert cfg.wd_horizon == "interval" and cfg.divergence_config.wd_horizon == 50
-    for flag, want in (("settled", "settled"), ("20", 20), ("run_end", "run_end")):
+    for flag, want in (("settled", "settled"), ("20", 20)):
         assert config_from_args(parser.parse_args(["--planner", "--planner-wd-horizon", flag])).wd_horizon == want
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--planner", "--planner-wd-horizon", "soon"])
+    for flag in ("soon", "run_end"):  # "run_end" (WD priced at the run's end) was removed
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--planner", "--planner-wd-horizon", flag])
     with pytest.raises(ValueError, match="cannot parse budget"):
         config_from_args(parser.parse_args(["--planner", "--planner-budget", "75%"]))
 

@@ -150,9 +150,12 @@ def test_cli_train(tmp_path, capsys):
     assert text.strip().splitlines()[-1].startswith("done: 5 steps")
 
 
-def test_cli_bench_runs_a_benchmark_script(capsys):
-    assert cli.main(["bench", "gemm", "--help"]) == 0  # the script's own help, GPU or not
-    assert "--quick" in capsys.readouterr().out
+def test_cli_bench_runs_a_benchmark_module(capfd, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # from anywhere: the benchmark runs in a process of its own, the source tree importable
+    assert cli.main(["bench", "gemm", "--help"]) == 0  # the module's own help, GPU or not
+    assert "--quick" in capfd.readouterr().out
+    assert cli.main(["bench", "planner-cost", "--help"]) == 0
+    assert "--ilp-only" in capfd.readouterr().out
 
 
 def test_cli_doctor_without_a_gpu_says_so(capsys, tmp_path):
