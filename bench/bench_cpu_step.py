@@ -4,10 +4,10 @@ down; lm_head stays high precision, as `snip_ops.convert` and `snip train` leave
 against the same model in "bf16" (plain nn.Linear, float32 on the CPU), on the same batches; the
 ratio of the median step times, measured in one run with the two kinds of step interleaved.
 
-    python bench/bench_cpu_step.py                          # the quantizer op (CPU implementation)
-    python bench/bench_cpu_step.py --quantizer reference    # the PyTorch reference quantizer
-    python bench/bench_cpu_step.py --profile                # + where an FP4 step's time goes
-    python bench/bench_cpu_step.py --smoke                  # seconds (tests/bench/test_bench_smoke.py)
+    python -m bench.bench_cpu_step                          # the quantizer op (CPU implementation)
+    python -m bench.bench_cpu_step --quantizer reference    # the PyTorch reference quantizer
+    python -m bench.bench_cpu_step --profile                # + where an FP4 step's time goes
+    python -m bench.bench_cpu_step --smoke                  # seconds (tests/bench/test_bench_smoke.py)
 
 A step: forward, loss, backward, gradient clipping, AdamW; after `--warmup` steps of each kind,
 `--steps` of each are timed. `--quantizer op` quantizes with snip_C::quantize's CPU implementation
@@ -27,12 +27,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from run_record import provenance, write_result  # noqa: E402
-from snip_ops import _ext, convert  # noqa: E402
-from snip_train.model import Llama, LlamaConfig  # noqa: E402
+from bench.run_record import RESULTS, provenance, write_result
+from snip_ops import _ext, convert
+from snip_train.model import Llama, LlamaConfig
 
 
 def _models(cfg: LlamaConfig, quantizer: str) -> dict[str, torch.nn.Module]:
@@ -99,11 +96,11 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=15, help="timed steps of each kind")
     p.add_argument("--profile", action="store_true", help="torch.profiler table of three FP4 steps")
     p.add_argument("--smoke", action="store_true", help="seconds: batch 2 x 16, 1 + 2 steps")
-    p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--results", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     if args.smoke:
         args.batch_size, args.seq_len, args.warmup, args.steps = 2, 16, 1, 2
-    command = "python bench/bench_cpu_step.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench.bench_cpu_step " + " ".join(argv if argv is not None else sys.argv[1:])
     result = {**provenance(command.strip()), "threads": torch.get_num_threads(), **run(args)}
     med = result["median_step_s"]
     on_op = args.quantizer == "op" and result["quantize_op_on_cpu"]

@@ -1,6 +1,6 @@
 """All-gather bytes of FSDP2 training steps with SnipLinear weights gathered quantized (snip_ops.fsdp).
 
-    python bench/bench_fsdp_all_gather.py [--layers 4] [--width 1024] [--steps 3] [--results DIR]
+    python -m bench.bench_fsdp_all_gather [--layers 4] [--width 1024] [--steps 3] [--results DIR]
 
 Two gloo ranks (spawned CPU processes) train a stack of bias-free `width` x `width` SnipLinear layers,
 each `fully_shard`-ed, for `steps` steps and count the bytes each rank puts into FSDP2's all-gathers
@@ -24,10 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-
-from run_record import RESULTS, provenance  # noqa: E402
+from bench.run_record import RESULTS, provenance
 
 WORLD = 2
 # name: (plan, FSDP param dtype, low-precision all-gather)
@@ -110,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
             raise RuntimeError(f"{name}: all-gather bytes differ between steps or ranks: {sorted(counts)}")
     per_step = {name: results[(0, name)][0] for name in CONFIGS}
     params = args.layers * args.width * args.width
-    command = "python bench/bench_fsdp_all_gather.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
+    command = "python -m bench.bench_fsdp_all_gather" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
     info = provenance(command)
     rows = "\n".join(f"| {name} | {b:,} | {b / (params / WORLD) / 2:.4f} | {per_step[BASELINE] / b:.3f}x |"
                      for name, b in per_step.items())

@@ -1,10 +1,10 @@
 """GEMM microbenchmark: snip's low-precision GEMMs vs torch.matmul (BF16) and torch._scaled_mm (FP8,
 cuBLAS/CUTLASS), on the shapes of Llama training, for the three GEMMs of a linear layer.
 
-    python bench/bench_gemm.py                 # full run, writes bench/results/<device>-gemm.json
-    python bench/bench_gemm.py --quick         # 4096^3 and one Llama shape
-    python bench/bench_gemm.py --configs       # also every compiled Hopper tile configuration
-    python bench/bench_gemm.py --smoke --out X # seconds on the CPU: the code runs, nothing is measured
+    python -m bench.bench_gemm                 # full run, writes bench/results/<device>-gemm.json
+    python -m bench.bench_gemm --quick         # 4096^3 and one Llama shape
+    python -m bench.bench_gemm --configs       # also every compiled Hopper tile configuration
+    python -m bench.bench_gemm --smoke --out X # seconds on the CPU: the code runs, nothing is measured
 
 Shapes: M = N = K = 4096 and 8192, and Llama-7B/70B layers with M = 8192 tokens and (N, K) in
 {(4096, 4096), (11008, 4096), (4096, 11008), (8192, 8192), (28672, 8192), (8192, 28672)}; for a layer
@@ -34,17 +34,13 @@ from __future__ import annotations
 import zlib
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from gpu_bench import device_and_timer, timing_parser, write_device_result  # noqa: E402
-from snip_ops import _ext, gemm_kernels as gk  # noqa: E402
-from snip_ops.formats import recipe  # noqa: E402
-from snip_ops.quantize import quantize  # noqa: E402
+from bench.gpu_bench import device_and_timer, timing_parser, write_device_result
+from snip_ops import _ext, gemm_kernels as gk
+from snip_ops.formats import recipe
+from snip_ops.quantize import quantize
 
 SQUARE = [4096, 8192]
 LLAMA_TOKENS = 8192
@@ -72,7 +68,7 @@ def gemm_dims(gemm: str, M: int, N: int, K: int) -> tuple[int, int, int]:
 
 
 def operands(gemm: str, m: int, n: int, k: int, name: str, device: torch.device):
-    """Quantized (a, b) of the GEMM, laid out as the linear layer produces them (DESIGN.md §3)."""
+    """Quantized (a, b) of the GEMM, laid out as the linear layer produces them (docs/design.md §3)."""
     r = recipe(name)
     g = torch.Generator(device=device).manual_seed(zlib.crc32(f"{gemm}{m},{n},{k}".encode()))
     if gemm == "wgrad":  # a = dy^T, b = x^T, 1x128 blocks along the token dimension k

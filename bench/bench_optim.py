@@ -1,10 +1,10 @@
 """BF16 + stochastic-rounding AdamW benchmarks (snip_ops.optim.AdamW).
 
-    python bench/bench_optim.py quality   # tiny Llama: bf16+SR vs FP32-master mixed precision vs bf16 nearest
-    python bench/bench_optim.py lr-range  # tiny Llama: largest stable learning rate of master vs bf16+SR
-    python bench/bench_optim.py memory    # bytes per parameter of each strategy, analytic and measured
-    python bench/bench_optim.py gpu       # step time on 1B parameters vs torch.optim.AdamW(fused=True) + BF16 copy
-    python bench/bench_optim.py gpu --smoke --out X   # seconds on the CPU: the code runs, nothing is measured
+    python -m bench.bench_optim quality   # tiny Llama: bf16+SR vs FP32-master mixed precision vs bf16 nearest
+    python -m bench.bench_optim lr-range  # tiny Llama: largest stable learning rate of master vs bf16+SR
+    python -m bench.bench_optim memory    # bytes per parameter of each strategy, analytic and measured
+    python -m bench.bench_optim gpu       # step time on 1B parameters vs torch.optim.AdamW(fused=True) + BF16 copy
+    python -m bench.bench_optim gpu --smoke --out X   # seconds on the CPU: the code runs, nothing is measured
 
 quality, lr-range and memory run on the CPU and write bench/results/cpu-optim-<name>.{json,md}; gpu
 writes bench/results/<device>-optim.json.
@@ -26,7 +26,6 @@ import json
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -37,11 +36,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-
-from gpu_bench import add_timing_options, device_and_timer, write_device_result  # noqa: E402
-from run_record import RESULTS, provenance, write_result  # noqa: E402
+from bench.gpu_bench import add_timing_options, device_and_timer, write_device_result
+from bench.run_record import RESULTS, provenance, write_result
 
 STRATEGIES = {"master": "fp32", "bf16_sr": "bf16_sr", "bf16_nearest": "bf16_nearest"}  # -> TrainConfig.weights
 
@@ -72,7 +68,7 @@ def quality(args) -> None:
     table: dict[str, dict[str, list[float]]] = {}
     for r in rows:
         table.setdefault(r["strategy"], {}).setdefault(str(r["lr"]), []).append(r["final_val_loss"])
-    cmd = (f"python bench/bench_optim.py quality --steps {args.steps} --seeds {args.seeds} "
+    cmd = (f"python -m bench.bench_optim quality --steps {args.steps} --seeds {args.seeds} "
            f"--lrs {','.join(map(str, args.lrs))} --workers {args.workers}")
     result = {**provenance(cmd), "wall_s": wall, "setup": "tiny Llama (853K params), batch 8 x 64 tokens, AdamW betas "
               "(0.9, 0.95), weight decay 0.1, warmup 10% + cosine to 0.1 x lr, grad clip 1.0, BF16 autocast compute",
@@ -482,7 +478,7 @@ def lr_range(args) -> None:
     wall = time.perf_counter() - t0
     verdicts = judge(list(records.values()), LR_RANGE_BASELINE, LR_RANGE_BASELINE_NATS)
     rule = DivergenceRule()  # the online rule _lr_range_run applied
-    cmd = (f"python bench/bench_optim.py lr-range --steps {args.steps} --seeds {args.seeds} --lrs "
+    cmd = (f"python -m bench.bench_optim lr-range --steps {args.steps} --seeds {args.seeds} --lrs "
            f"{','.join(map(str, lrs))} --batch-size {args.batch_size} --seq-len {args.seq_len} "
            f"--workers {args.workers}")
     result = {
@@ -547,12 +543,12 @@ def memory(args) -> None:
         "bf16_sr, FP32 moments": _measured_bytes("bf16_sr", torch.float32),
         "bf16_sr, BF16 moments": _measured_bytes("bf16_sr", torch.bfloat16),
     }
-    result = {**provenance("python bench/bench_optim.py memory"), "analytic_bytes_per_param": ANALYTIC,
+    result = {**provenance("python -m bench.bench_optim memory"), "analytic_bytes_per_param": ANALYTIC,
               "measured_bytes_per_param": measured,
               "method": "measured: tensor bytes of parameters, gradients and optimizer state (step counters "
                         "included) of the 'small' Llama after one step, divided by the parameter count"}
     lines = ["# BF16 + SR AdamW: memory per parameter\n", f"- date {result['date']}, commit {result['commit']}",
-             "- command: `python bench/bench_optim.py memory`", f"- {result['method']}\n",
+             "- command: `python -m bench.bench_optim memory`", f"- {result['method']}\n",
              "| strategy (analytic) | bytes / param | breakdown |", "|---|---|---|"]
     for name, parts in ANALYTIC.items():
         lines.append(f"| {name} | {sum(parts.values())} | " + ", ".join(f"{k} {v}" for k, v in parts.items()) + " |")
@@ -615,7 +611,7 @@ def gpu(args) -> None:
                     "bytes_moved": (4 * 2 + 4 + 8 * 2 + 4 + 2) * n})
     method = ("smoke run: one host-clocked step each" if args.smoke else
               f"CUDA events, L2 flushed, median of {args.iters} after {args.warmup} warm-up steps")
-    result = {**provenance("python bench/bench_optim.py gpu"), "device": name, "params": n, "entries": entries,
+    result = {**provenance("python -m bench.bench_optim gpu"), "device": name, "params": n, "entries": entries,
               "method": method}
     write_device_result(result, "optim", args.out)
     print(json.dumps(result, indent=1))

@@ -1,9 +1,9 @@
 """Quantization microbenchmark: snip_C::quantize's achieved bandwidth as a fraction of a device-to-device
 copy measured in the same run, and its speed-up over torch eager quantization written the obvious way.
 
-    python bench/bench_quant.py            # full run, writes bench/results/<device>-quant.json
-    python bench/bench_quant.py --quick    # 8192x8192 only
-    python bench/bench_quant.py --smoke --out X   # seconds on the CPU (the CPU implementation of
+    python -m bench.bench_quant            # full run, writes bench/results/<device>-quant.json
+    python -m bench.bench_quant --quick    # 8192x8192 only
+    python -m bench.bench_quant --smoke --out X   # seconds on the CPU (the CPU implementation of
                                                   # snip_C::quantize): the code runs, nothing is measured
 
 Inputs: BF16, 8192x8192 and Llama-7B activation shapes with M = 8192 tokens: [8192, 4096] (x of the
@@ -27,16 +27,12 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from gpu_bench import device_and_timer, timing_parser, write_device_result  # noqa: E402
-from snip_ops import _ext  # noqa: E402
-from snip_ops.formats import E2M1, E4M3, QuantSpec, Rounding, ScaleKind  # noqa: E402
+from bench.gpu_bench import device_and_timer, timing_parser, write_device_result
+from snip_ops import _ext
+from snip_ops.formats import E2M1, E4M3, QuantSpec, Rounding, ScaleKind
 
 SQUARE = (8192, 8192)
 LLAMA = [(8192, 4096), (8192, 11008)]
@@ -191,7 +187,7 @@ def run(args) -> dict:
     return {
         "device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
         "build": _ext.build_info().get("built_with"), "date": time.strftime("%Y-%m-%d"),
-        "command": " ".join(sys.argv), "warmup": args.warmup, "iters": args.iters, "entries": entries,
+        "command": " ".join(["python -m bench.bench_quant", *sys.argv[1:]]), "warmup": args.warmup, "iters": args.iters, "entries": entries,
     }
 
 

@@ -1,9 +1,9 @@
 """Stability benchmark: the bit-reduction sweep on the small model, committed under bench/results/.
 
-    python bench/bench_stability.py                 # preset "cpu": E8M7..E8M2, E5M2, E4M3 vs FP32
-    python bench/bench_stability.py --preset cpu-paper --workers 1 --threads 1   # the paper's method
-    python bench/bench_stability.py --preset gpu --device cuda --workers 4
-    python bench/bench_stability.py --notes notes.md   # append the reader's interpretation to the .md
+    python -m bench.bench_stability                 # preset "cpu": E8M7..E8M2, E5M2, E4M3 vs FP32
+    python -m bench.bench_stability --preset cpu-paper --workers 1 --threads 1   # the paper's method
+    python -m bench.bench_stability --preset gpu --device cuda --workers 4
+    python -m bench.bench_stability --notes notes.md   # append the reader's interpretation to the .md
 
 Cells are kept in runs/bench-stability-<preset>/ (resumable: an interrupted benchmark continues where
 it stopped). Results: bench/results/<device>-stability[-<variant>]-<date>.json (summary with every
@@ -23,11 +23,10 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from snip_train.stability.command import add_sweep_arguments, run_sweep_command, spec_from_args
+from snip_train.stability.sweep import load_records
 
-from snip_train.stability.command import add_sweep_arguments, run_sweep_command, spec_from_args  # noqa: E402
-from snip_train.stability.sweep import load_records  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
@@ -42,7 +41,7 @@ def main() -> int:
     # The recorded command is what reproduces the numbers; the notes file does not affect them.
     shown = [a for i, a in enumerate(argv) if a not in ("--notes", "--results")
              and (i == 0 or argv[i - 1] not in ("--notes", "--results"))]
-    args.command_line = " ".join(["python bench/bench_stability.py", *shown])
+    args.command_line = " ".join(["python -m bench.bench_stability", *shown])
     args.out = args.out or str(ROOT / "runs" / f"bench-stability-{args.preset}")
     status = run_sweep_command(args)
 

@@ -1,4 +1,4 @@
-"""planner: chooses the precision of every linear layer (and GEMM) from divergence statistics (DESIGN.md §4).
+"""planner: chooses the precision of every linear layer (and GEMM) from divergence statistics (docs/design.md §4).
 
     from planner import SnipPlanner, PlannerConfig, Budget
     planner = SnipPlanner(model, optimizer, PlannerConfig(budget=Budget.fp4_fraction(0.75), interval=100))
@@ -22,14 +22,18 @@ PuLP and the rest when they are imported on their own.
 import importlib
 
 _EXPORTS = {
-    "BASELINES": "baselines", "baseline": "baselines",
+    "BASELINES": "baselines", "baseline": "baselines", "block_index": "baselines",
     "PlannerConfig": "controller", "SnipPlanner": "controller",
     "Budget": "cost", "LayerShape": "cost", "MeasuredCost": "cost", "TheoreticalCost": "cost",
-    "DivergenceConfig": "divergence", "measure": "divergence",
-    "InfeasibleBudget": "ilp", "solve": "ilp",
+    "layer_shapes": "cost", "plan_metrics": "cost",
+    "DivergenceConfig": "divergence", "PlannedModel": "divergence", "lm_logits": "divergence",
+    "measure": "divergence",
+    "DEFAULT_LAMBDA": "ilp", "InfeasibleBudget": "ilp", "plan_objective": "ilp", "solve": "ilp",
     "Plan": "plan",
     "PrecisionSchedule": "schedule",
-    "LayerStats": "stats", "PlannerStats": "stats", "StatsConfig": "stats", "mean_stats": "stats",
+    "gemm_errors": "qerror", "relative_error": "qerror",
+    "LayerStats": "stats", "PlannerStats": "stats", "StatsConfig": "stats", "high_precision": "stats",
+    "mean_stats": "stats", "record": "stats",
 }
 
 __all__ = list(_EXPORTS)

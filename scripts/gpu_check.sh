@@ -48,10 +48,10 @@ tests_rc=$?
 
 rc=$tests_rc
 [ "$doctor_rc" = 0 ] || rc=1
-for bench in "bench/bench_quant.py ${quick[*]}" "bench/bench_gemm.py ${quick[*]}" "bench/bench_optim.py gpu"; do
+for bench in "bench.bench_quant ${quick[*]}" "bench.bench_gemm ${quick[*]}" "bench.bench_optim gpu"; do
   echo "gpu_check: $bench"
   # shellcheck disable=SC2086
-  "$PY" $bench || { echo "gpu_check: $bench failed" >&2; rc=1; }
+  "$PY" -m $bench || { echo "gpu_check: $bench failed" >&2; rc=1; }
 done
 gpu_tests "$quant_tests"
 quant_rc=$?

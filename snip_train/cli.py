@@ -249,41 +249,38 @@ def _run_train(args: argparse.Namespace) -> int:
 # bench
 # ---------------------------------------------------------------------------------------
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
-BENCHES = ("quant", "gemm", "optim", "planner", "stability")
+# `snip bench` NAME -> the module of the bench package it runs (the performance benchmarks; the planner-quality
+# studies are the modules of experiments/, run with `python -m experiments.<study>`)
+BENCHES = {"quant": "bench_quant", "gemm": "bench_gemm", "optim": "bench_optim", "planner-cost": "bench_planner_cost",
+           "stability": "bench_stability"}
 GPU_BENCHES = ("quant", "gemm", "optim gpu")  # `snip bench` NAME [first argument] that time CUDA kernels
 
 
 def _add_bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", choices=BENCHES, help="bench/bench_<name>.py")
+    p.add_argument("name", choices=BENCHES, help="the benchmark: python -m bench.bench_<name> in the source tree")
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help="its arguments (see snip bench NAME --help)")
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    import runpy
+    import os
+    import subprocess
 
     import torch
 
-    script = BENCH_DIR / f"bench_{args.name}.py"
+    module = BENCHES[args.name]
     label = args.name if args.name in GPU_BENCHES else " ".join([args.name, *args.bench_args[:1]])
     asks_help = any(a in ("-h", "--help") for a in args.bench_args)
     if label in GPU_BENCHES and not asks_help and not torch.cuda.is_available():
         raise UsageError(f"snip bench {label} times CUDA kernels and needs a GPU; there is none here (on a CPU: "
-                         "snip bench planner, stability, optim quality|lr-range|memory)")
-    if not script.exists():
-        raise UsageError(f"{script} not found (the benchmarks live in the source tree: install it with "
-                         "pip install -e .)")
-    argv, path = sys.argv, list(sys.path)
-    sys.argv = [str(script), *args.bench_args]
-    sys.path.insert(0, str(BENCH_DIR))  # as `python bench/bench_<name>.py` has it: its sibling modules
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as e:
-        if isinstance(e.code, str):  # sys.exit("message"): what it needs and lacks here (a GPU, a kernel)
-            raise UsageError(e.code) from None
-        return e.code if isinstance(e.code, int) else 0
-    finally:
-        sys.argv, sys.path[:] = argv, path
-    return 0
+                         "snip bench planner-cost, stability, optim quality|lr-range|memory)")
+    if not (BENCH_DIR / f"{module}.py").exists():
+        raise UsageError(f"{BENCH_DIR / module}.py not found (the benchmarks live in the source tree: install it "
+                         "with pip install -e .)")
+    # A process of its own with the source tree importable, run from here: its relative paths (--out, --results)
+    # mean what they meant on this command line.
+    paths = [str(BENCH_DIR.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    return subprocess.run([sys.executable, "-m", f"bench.{module}", *args.bench_args], env=env, check=False).returncode
 
 
 # ---------------------------------------------------------------------------------------

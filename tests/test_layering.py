@@ -1,14 +1,18 @@
-"""Imports point one way (DESIGN.md): snip_ops <- planner (and its stability numerics) <- snip_train.
+"""Imports point one way (docs/design.md): snip_ops <- planner (and its stability numerics) <- snip_train.
 
 The libraries are imported module by module in a fresh interpreter, which must not load the
-application; the application reaches the planner through its public names only; the libraries'
-tests do not use the application either."""
+application; the application, the benchmarks (bench/) and the planner-quality studies (experiments/) reach
+the planner through its public names only; neither the libraries nor the application import bench or
+experiments; the libraries' tests do not use the application either; and no code of bench/, experiments/
+or tests/ edits sys.path (they import each other as packages from the source tree's root)."""
 
 import ast
 import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARIES = ("snip_ops", "planner")
@@ -47,13 +51,26 @@ def test_snip_ops_does_not_import_the_planner():
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
-def test_the_application_uses_the_planners_public_surface():
-    """snip_train imports `planner` and `planner.stability` names that those packages export, nothing else."""
+def _imported(path: Path) -> list[str]:
+    """The modules `path` imports (absolute imports; `from a.b import c` counts as a.b)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.append(node.module)
+    return out
+
+
+@pytest.mark.parametrize("package", ["snip_train", "bench", "experiments"])
+def test_the_planners_users_use_its_public_surface(package):
+    """The application, the benchmarks and the studies import `planner` and `planner.stability` names that those
+    packages export, nothing else."""
     import planner
     import planner.stability
 
     public = {"planner": set(planner.__all__), "planner.stability": set(planner.stability.__all__)}
-    for path in sorted((ROOT / "snip_train").rglob("*.py")):
+    for path in sorted((ROOT / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "planner":
                 assert node.module in public, f"{path.relative_to(ROOT)} imports {node.module}"
@@ -61,6 +78,40 @@ def test_the_application_uses_the_planners_public_surface():
                 assert names <= public[node.module], f"{path.relative_to(ROOT)}: {sorted(names - public[node.module])}"
             if isinstance(node, ast.Import):
                 assert not any(a.name.startswith("planner.") for a in node.names), path
+
+
+def test_the_libraries_and_the_application_do_not_import_bench_or_experiments():
+    for package in (*LIBRARIES, "snip_train"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found = [m for m in _imported(path) if m.split(".")[0] in ("bench", "experiments")]
+            assert not found, f"{path.relative_to(ROOT)} imports {found}"
+
+
+def _edits_sys_path(node: ast.AST) -> bool:
+    """An assignment to sys.path (or a slice of it), or a call of sys.path.insert / append / extend."""
+    def is_sys_path(n):
+        n = n.value if isinstance(n, ast.Subscript) else n
+        return isinstance(n, ast.Attribute) and n.attr == "path" and isinstance(n.value, ast.Name) and n.value.id == "sys"
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return any(is_sys_path(t) for t in targets)
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("insert", "append", "extend") and is_sys_path(node.func.value))
+
+
+def test_no_sys_path_edits_in_bench_experiments_and_tests():
+    edits = [f"{path.relative_to(ROOT)}:{node.lineno}" for package in ("bench", "experiments", "tests")
+             for path in sorted((ROOT / package).rglob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text())) if _edits_sys_path(node)]
+    assert not edits, f"sys.path edited at {edits}: import through the packages instead"
+
+
+def test_the_sys_path_check_sees_each_form_of_edit():
+    for code in ("import sys\nsys.path.insert(0, 'x')", "import sys\nsys.path.append('x')",
+                 "import sys\nsys.path.extend(['x'])", "import sys\nsys.path[:0] = ['x']", "import sys\nsys.path = []",
+                 "import sys\nsys.path += ['x']"):
+        assert any(_edits_sys_path(n) for n in ast.walk(ast.parse(code))), code
+    assert not any(_edits_sys_path(n) for n in ast.walk(ast.parse("import sys\nprint(sys.path[0])")))
 
 
 def test_library_tests_do_not_build_the_application():

@@ -1,4 +1,4 @@
-"""bench/bench_fsdp_all_gather.py runs end to end in a seconds-long setting (2 gloo ranks, 1 step),
+"""bench.bench_fsdp_all_gather runs end to end in a seconds-long setting (2 gloo ranks, 1 step),
 writing into a temporary directory, and its table shows the expected savings over BF16 gathers."""
 
 import re
@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_fsdp_all_gather_bench(tmp_path):
-    subprocess.run([sys.executable, str(ROOT / "bench" / "bench_fsdp_all_gather.py"), "--layers", "1", "--width", "256",
-                    "--steps", "1", "--results", str(tmp_path)], cwd=ROOT, check=True, capture_output=True, text=True,
+    subprocess.run([sys.executable, "-m", "bench.bench_fsdp_all_gather", "--layers", "1", "--width", "256", "--steps", "1",
+                    "--results", str(tmp_path)], cwd=ROOT, check=True, capture_output=True, text=True,
                    timeout=300)
     md = (tmp_path / "cpu-fsdp-all-gather.md").read_text()
     rows = [re.split(r"\s*\|\s*", line.strip("| ")) for line in md.splitlines() if line.endswith("x |")]

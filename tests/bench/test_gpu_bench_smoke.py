@@ -27,7 +27,7 @@ def _smoke(tmp_path: Path, *args: str) -> dict:
 
 
 def test_bench_gemm_smoke(tmp_path):
-    result = _smoke(tmp_path, "bench/bench_gemm.py")
+    result = _smoke(tmp_path, "-m", "bench.bench_gemm")
     assert {(e["gemm"], e["format"]) for e in result["entries"]} == {(g, "bf16") for g in ("fprop", "dgrad", "wgrad")}
     timed = {(b["gemm"], b["format"]) for b in result["baselines"]}
     assert {(g, f) for g in ("fprop", "dgrad", "wgrad") for f in ("scaled_mm_rowwise", "scaled_mm_tensorwise")} <= timed
@@ -36,19 +36,19 @@ def test_bench_gemm_smoke(tmp_path):
 
 @needs_cpu_kernels
 def test_bench_quant_smoke(tmp_path):
-    result = _smoke(tmp_path, "bench/bench_quant.py")
+    result = _smoke(tmp_path, "-m", "bench.bench_quant")
     assert len(result["entries"]) == 13 and all(e["pass"] is None and e["time_s"] > 0 for e in result["entries"])
 
 
 @needs_cpu_kernels
 def test_bench_optim_gpu_smoke(tmp_path):
-    result = _smoke(tmp_path, "bench/bench_optim.py", "gpu")
+    result = _smoke(tmp_path, "-m", "bench.bench_optim", "gpu")
     assert [e["name"] for e in result["entries"]][1:] == [
         "snip AdamW bf16 SR, float32 moments", "snip AdamW bf16 SR, bfloat16 moments",
         "torch.optim.AdamW(fused=True) on FP32 master + BF16 copy"]
 
 
-@pytest.mark.parametrize("args", [["bench/bench_gemm.py"], ["bench/bench_quant.py"], ["bench/bench_optim.py", "gpu"]])
+@pytest.mark.parametrize("args", [["-m", "bench.bench_gemm"], ["-m", "bench.bench_quant"], ["-m", "bench.bench_optim", "gpu"]])
 def test_smoke_needs_out_and_plain_run_needs_a_gpu(args, tmp_path):
     smoke = subprocess.run([sys.executable, *args, "--smoke"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert smoke.returncode != 0 and "--smoke needs --out" in smoke.stderr

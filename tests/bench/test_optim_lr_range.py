@@ -1,16 +1,11 @@
-"""The lr-range benchmark's parts (bench/bench_optim.py): the stability edge of a learning-rate grid, the
+"""The lr-range benchmark's parts (bench.bench_optim): the stability edge of a learning-rate grid, the
 ratio of two edges with the bound it is, the per-strategy summary of judged runs, and the hook that
 gives the trainer's optimizer BF16 moments."""
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from bench_optim import (  # noqa: E402
+from bench.bench_optim import (
     StabilityEdge, edge_ratio, keep_moments_in, stability_edge, summarize_lr_range)
 
 GRID = [0.125, 0.25, 0.5, 1.0, 2.0]

@@ -1,4 +1,4 @@
-"""`bench_optim.py lr-range` end to end in a seconds-long setting (two steps per run), its results and
+"""`python -m bench.bench_optim lr-range` end to end in a seconds-long setting (two steps per run), its results and
 cache in a temporary directory (the committed results in bench/results are never touched)."""
 
 import json
@@ -12,7 +12,7 @@ STRATEGIES = {"master", "bf16_sr", "bf16_sr_bf16_moments"}
 
 
 def _lr_range(tmp_path: Path) -> dict:
-    subprocess.run([sys.executable, str(ROOT / "bench" / "bench_optim.py"), "lr-range", "--steps", "2", "--seeds", "2",
+    subprocess.run([sys.executable, "-m", "bench.bench_optim", "lr-range", "--steps", "2", "--seeds", "2",
                     "--lrs", "0.01,1", "--batch-size", "2", "--seq-len", "16", "--workers", "1",
                     "--results", str(tmp_path)],
                    cwd=ROOT, check=True, capture_output=True, text=True, timeout=300,

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench(*args: str) -> str:
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "bench_stability.py"), *args], cwd=ROOT, check=True,
+    return subprocess.run([sys.executable, "-m", "bench.bench_stability", *args], cwd=ROOT, check=True,
                           capture_output=True, text=True, timeout=600).stdout
 
 

@@ -144,6 +144,13 @@ def test_gpu_benchmark_without_a_gpu(capsys, bench):
 
 def test_unknown_benchmark(capsys):
     assert "invalid choice: 'gemv'" in _error(capsys, "bench", "gemv")
+    assert "invalid choice: 'planner'" in _error(capsys, "bench", "planner")  # the quality studies are experiments'
+
+
+def test_benchmark_outside_the_source_tree(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "BENCH_DIR", tmp_path / "bench")  # an installed copy without bench/
+    assert "bench_planner_cost.py not found (the benchmarks live in the source tree" in _error(
+        capsys, "bench", "planner-cost")
 
 
 def test_sweep_errors(capsys, tmp_path):

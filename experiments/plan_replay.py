@@ -1,17 +1,18 @@
 """Which of a branch's plans decides its gap, and what a plan's GEMMs buy: the quality grid's branches trained again
 with their plans mixed or changed.
 
-    python bench/bench_plan_replay.py --phase 100 --budget 0.8 --seeds 0,1,2,3,4,5,6,7,8,9 \\
+    python -m experiments.plan_replay --phase 100 --budget 0.8 --seeds 0,1,2,3,4,5,6,7,8,9 \\
         --mixes snip_signal_gemm+snip_ld_gemm,snip_ld_gemm+snip_signal_gemm --workers 2
-    python bench/bench_plan_replay.py --phase 100 --budget 0.8 --seeds 0,1,2,3,4,5,6,7,8,9 \\
+    python -m experiments.plan_replay --phase 100 --budget 0.8 --seeds 0,1,2,3,4,5,6,7,8,9 \\
         --changes snip_signal_gemm:reseed,snip_signal_gemm:bwd_fp4 --workers 2
 
-A planned branch of the quality grid (bench_planner.py quality) installs a plan at its first step and re-plans every
+A planned branch of the quality grid (experiments.quality) installs a plan at its first step and re-plans every
 `--interval` steps. The mix "A+B" trains seed s's branch again, from the same checkpoint on the same batches, with
 method A's first plan (the one A made at step 0 of that branch) and method B's later ones (those B made at steps
 interval, 2 interval, ...), installed as fixed plans at the steps they were made: no statistics, no solver. The plans
-are read from the quality grid's cached runs, which are trained first where missing. A method's own plans replayed
-(A+A) give its branch back bit for bit (tests/bench/test_plan_replay.py), so every mix is paired with the grid's
+are read from the quality grid's cached runs (and from committed quality results, --runs-from), which are trained
+first where missing. A method's own plans replayed (A+A) give its branch back bit for bit
+(tests/experiments/test_plan_replay.py), so every mix is paired with the grid's
 branches of A and B: where A+B lands on A, the first plan decides the gap; where it lands on B, the later ones.
 
 A change "A:C" trains A's branch again with A's own plans changed by C (CHANGES): "reseed" keeps the plans and gives
@@ -20,7 +21,7 @@ a branch is the grid's noise floor: two plans whose paired difference is within 
 The others move some GEMMs of A's first plan (the one that decides a branch) to another precision: what those GEMMs in
 FP8 buy, paired on the same batches and state, where A's own gap is all they can be compared with.
 
-Every replay records the numerics it was trained under (bench_planner.numerics), and a seed's replays and grid branches
+Every replay records the numerics it was trained under (experiments.common.numerics), and a seed's replays and grid branches
 are paired only under one: a cache copied from another machine fails here rather than mix two CPUs' rounding.
 """
 
@@ -28,26 +29,26 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import multiprocessing
 import re
 import statistics
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bench_planner as bp  # noqa: E402
-from planner import Plan  # noqa: E402
-from snip_ops import SnipLinear, convert  # noqa: E402
-from snip_ops.formats import GEMMS, LinearPrecision  # noqa: E402
+from experiments import results
+from experiments.common import (CACHE, LRS, add_run_arguments, check_paired, check_trainable_beside, checkpoint,
+                                continue_from, mean_se, numerics)
+from experiments.quality import CACHE_FILE, planner_config, run_quality
+from experiments.quality_table import DRIFT_SUFFIX, GEMM_SUFFIX, QualityRun
+from planner import Plan
+from snip_ops import SnipLinear, convert
+from snip_ops.formats import GEMMS, LinearPrecision
 
 
 class ReplayedPlans:
-    """Hooks for `bench_planner.continue_from` that install fixed plans ({step: {layer: precision}}) at their steps,
+    """Hooks for `experiments.common.continue_from` that install fixed plans ({step: {layer: precision}}) at their steps,
     on the model the planner's hooks would have converted (SnipLinear layers, bf16 until the first plan), with every
     layer's stochastic-rounding seed shifted by `seed_shift` (0: the seeds the planned branch had)."""
 
@@ -71,7 +72,7 @@ class ReplayedPlans:
 class Mix:
     """The branch of `first` (a quality-grid run) with its own plan at step 0 and method `then`'s plans after it."""
 
-    first: bp.QualityRun
+    first: QualityRun
     then: str
 
     @property
@@ -97,7 +98,7 @@ RESEED_SHIFT = 1_000_003  # added to every layer's seed: another Philox stream f
 class Change:
     """The branch of `run` (a quality-grid run) replayed with its own plans changed by `change` (CHANGES)."""
 
-    run: bp.QualityRun
+    run: QualityRun
     change: str
 
     @property
@@ -142,12 +143,12 @@ def parse_change(text: str) -> tuple[str, str]:
     return method, change
 
 
-def source_run(args, method: str, seed: int) -> bp.QualityRun:
-    return bp.QualityRun(args.preset, args.phase, args.budget, method, seed, args.steps, args.interval,
-                         args.eval_batches)
+def source_run(args, method: str, seed: int) -> QualityRun:
+    return QualityRun.of(args.preset, args.phase, args.budget, method, seed, args.steps, args.interval,
+                          args.eval_batches)
 
 
-def plan_steps(result: dict, run: bp.QualityRun) -> dict[int, dict]:
+def plan_steps(result: dict, run: QualityRun) -> dict[int, dict]:
     """{step: precisions} of a cached planned run; its plans must come every interval (no drift trigger)."""
     plans = {p["step"]: p["precisions"] for p in result["plans"]}
     expected = list(range(0, run.steps, run.interval))
@@ -161,15 +162,14 @@ def mixed_plans(first: dict[int, dict], then: dict[int, dict]) -> dict[int, dict
     return {step: first[step] if step == 0 else then[step] for step in then}
 
 
-def replay(job: tuple[bp.QualityRun, dict[int, dict], int]) -> dict:
+def replay(job: tuple[QualityRun, dict[int, dict], int]) -> dict:
     """Train one replayed branch (in a worker process: one torch thread); its final validation loss and the numerics
-    it was trained under (bench_planner.numerics)."""
+    it was trained under (experiments.common.numerics)."""
     run, plans, seed_shift = job
     torch.set_num_threads(1)
-    summary = bp.continue_from(bp.checkpoint(run.phase, run.preset), run.steps, run.seed,
-                               hooks=ReplayedPlans(plans, seed_shift),
-                               evals=max(1, run.steps // run.interval), eval_batches=run.eval_batches)
-    return {"final_val_loss": summary["final_val_loss"], "numerics": bp.numerics(run.phase, run.preset)}
+    summary = continue_from(checkpoint(run.phase, run.preset), run.steps, run.seed, hooks=ReplayedPlans(plans, seed_shift),
+                            evals=max(1, run.steps // run.interval), eval_batches=run.eval_batches)
+    return {"final_val_loss": summary["final_val_loss"], "numerics": numerics(run.phase, run.preset)}
 
 
 def cached_replay(entry) -> dict:
@@ -177,7 +177,7 @@ def cached_replay(entry) -> dict:
     return entry if isinstance(entry, dict) else {"final_val_loss": entry}
 
 
-def seed_runs(seed: int, runs: list[bp.QualityRun], sources: dict, done: dict, replays: list) -> dict[str, dict]:
+def seed_runs(seed: int, runs: list[QualityRun], sources: dict, done: dict, replays: list) -> dict[str, dict]:
     """The cached source runs and replays of `seed` {key: result}: the runs a replay of that seed is paired with."""
     return {**{r.key: sources[r.key] for r in runs if r.seed == seed and r.key in sources},
             **{m.key: done[m.key] for m in replays if m.seed == seed and m.key in done}}
@@ -188,8 +188,8 @@ def parse_mix(text: str) -> tuple[str, str]:
     if not sep or not first or not then or "+" in then:
         raise argparse.ArgumentTypeError(f"a mix is FIRST+THEN (two quality-grid methods), got {text!r}")
     for method in (first, then):
-        bp.planner_config(method, 0.5, 1)  # an unknown method fails here
-        if method.removesuffix(bp.GEMM_SUFFIX).endswith(bp.DRIFT_SUFFIX):
+        planner_config(method, 0.5, 1)  # an unknown method fails here
+        if method.removesuffix(GEMM_SUFFIX).endswith(DRIFT_SUFFIX):
             raise argparse.ArgumentTypeError(f"{method}: a drift-triggered method re-plans at its own steps")
     return first, then
 
@@ -198,7 +198,7 @@ def replayed_gaps(args, seeds: list[int], loss: list[float], sources: dict[str, 
     """The bf16 branches' losses of `seeds`, and a table row's gap fields for replayed losses `loss` on them."""
     bf16 = [sources[source_run(args, "bf16", s).key]["final_val_loss"] for s in seeds]
     gaps = [v - b for v, b in zip(loss, bf16)]
-    mean, se = bp.mean_se(gaps)
+    mean, se = mean_se(gaps)
     return bf16, {"seeds": seeds, "gap_per_seed": gaps, "mean_gap": mean, "se_gap": se}
 
 
@@ -213,8 +213,8 @@ def rows(args, done: dict, mixes: list[Mix], sources: dict[str, dict]) -> list[d
                for method in (first, then)}
         row = {"first": first, "then": then, **gaps}
         for label, method in (("vs_first", first), ("vs_then", then)):
-            row[label], row[label + "_se"] = bp.mean_se([v - o for v, o in zip(loss, own[method])])
-        row["own_gaps"] = {method: bp.mean_se([o - b for o, b in zip(own[method], bf16)]) for method in (first, then)}
+            row[label], row[label + "_se"] = mean_se([v - o for v, o in zip(loss, own[method])])
+        row["own_gaps"] = {method: mean_se([o - b for o, b in zip(own[method], bf16)]) for method in (first, then)}
         out.append(row)
     return out
 
@@ -228,8 +228,8 @@ def change_rows(args, done: dict, changes: list[Change], sources: dict[str, dict
         bf16, gaps = replayed_gaps(args, [c.run.seed for c in per_seed], loss, sources)
         own = [sources[c.run.key]["final_val_loss"] for c in per_seed]
         vs_own = [v - o for v, o in zip(loss, own)]
-        row = {"method": method, "change": change, **gaps, "own_gap": bp.mean_se([o - b for o, b in zip(own, bf16)])}
-        row["vs_own"], row["vs_own_se"] = bp.mean_se(vs_own)
+        row = {"method": method, "change": change, **gaps, "own_gap": mean_se([o - b for o, b in zip(own, bf16)])}
+        row["vs_own"], row["vs_own_se"] = mean_se(vs_own)
         row["vs_own_sd"] = statistics.stdev(vs_own) if len(vs_own) > 1 else 0.0
         out.append(row)
     return out
@@ -269,7 +269,7 @@ def markdown(args, table: list[dict], changes: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="tiny", choices=sorted(bp.LRS))
+    p.add_argument("--preset", default="tiny", choices=sorted(LRS))
     p.add_argument("--phase", type=int, default=100, help="the bf16 checkpoint's steps (default: %(default)s)")
     p.add_argument("--budget", type=float, default=0.8, help="the FP4 share (default: %(default)s)")
     p.add_argument("--seeds", type=lambda s: [int(v) for v in s.split(",")], default=[0, 1, 2, 3])
@@ -280,36 +280,35 @@ def main() -> None:
                    help="FIRST+THEN,...: the method whose first plan and the one whose later plans a branch gets")
     p.add_argument("--changes", type=lambda s: [parse_change(c) for c in s.split(",")], default=[],
                    help=f"METHOD:CHANGE,...: a method's own plans changed, CHANGE one of {', '.join(CHANGES)}")
+    p.add_argument("--runs-from", type=lambda s: [Path(v) for v in s.split(",")], default=[],
+                   help="committed quality results whose raw runs are source runs too (their plans are replayed)")
     p.add_argument("--workers", type=int, default=1, help="worker processes, one thread each")
     p.add_argument("--name", default="plan-replay", help="results file stem cpu-planner-<name>")
-    p.add_argument("--results", type=Path, default=None, help="where the results go (default: bench/results)")
+    add_run_arguments(p)
     args = p.parse_args()
     if not args.mixes and not args.changes:
         p.error("nothing to replay: pass --mixes, --changes or both")
     if args.mixes and args.steps <= args.interval:
         p.error(f"--steps ({args.steps}) must exceed --interval ({args.interval}): a branch with one plan has no mix")
-    if args.results is not None:
-        bp.RESULTS = args.results
+    torch.set_num_threads(args.threads)
     methods = sorted({"bf16", *(m for mix in args.mixes for m in mix), *(m for m, _ in args.changes)})
     runs = [source_run(args, m, s) for m in methods for s in args.seeds]
-    cache = bp.CACHE / "quality-runs.json"
-    sources = bp.read_cache(cache)
-    replay_cache = bp.CACHE / "plan-replays.json"
-    done = bp.read_cache(replay_cache)
-    done = {k: cached_replay(v) for k, v in done.items()}
+    cache = CACHE / CACHE_FILE
+    sources = results.with_runs_from(results.read_cache(cache), args.runs_from)
+    replay_cache = CACHE / "plan-replays.json"
+    done = {k: cached_replay(v) for k, v in results.read_cache(replay_cache).items()}
     mixes = [Mix(source_run(args, first, s), then) for first, then in args.mixes for s in args.seeds]
     changes = [Change(source_run(args, method, s), change) for method, change in args.changes for s in args.seeds]
     todo = [r for r in runs if r.key not in sources]
-    bp.checkpoint(args.phase, args.preset)  # before the workers start, so that they only read it
+    checkpoint(args.phase, args.preset)  # before the workers start, so that they only read it
     if todo or any(m.key not in done for m in mixes + changes):
         for seed in args.seeds:
-            bp.check_trainable_beside(seed_runs(seed, runs, sources, done, mixes + changes), args.preset, args.phase,
-                                      seed)
+            check_trainable_beside(seed_runs(seed, runs, sources, done, mixes + changes), args.preset, args.phase, seed)
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(args.workers, mp_context=ctx) as pool:
-        for r, result in zip(todo, pool.map(bp.run_quality, todo)):
+        for r, result in zip(todo, pool.map(run_quality, todo)):
             sources[r.key] = result
-            bp.save_run(cache, r.key, result)
+            results.save_run(cache, r.key, result)
             print(f"{r.key}: val {result['final_val_loss']:.4f} (source run)", flush=True)
         todo, jobs = [], []
         for m in mixes:
@@ -325,16 +324,17 @@ def main() -> None:
                              RESEED_SHIFT if c.change == "reseed" else 0))
         for m, result in zip(todo, pool.map(replay, jobs)):
             done[m.key] = result
-            bp.save_run(replay_cache, m.key, result)
+            results.save_run(replay_cache, m.key, result)
             print(f"{m.key}: val {result['final_val_loss']:.4f}", flush=True)
     for seed in args.seeds:
-        bp.check_paired(seed_runs(seed, runs, sources, done, mixes + changes),
-                        f"{args.preset}, checkpoint {args.phase}, seed {seed}")
+        check_paired(seed_runs(seed, runs, sources, done, mixes + changes),
+                     f"{args.preset}, checkpoint {args.phase}, seed {seed}")
     table, changed = rows(args, done, mixes, sources), change_rows(args, done, changes, sources)
-    bp.write(args.name, {"preset": args.preset, "phase": args.phase, "budget": args.budget, "steps": args.steps,
-                         "interval": args.interval, "eval_batches": args.eval_batches, "seeds": args.seeds,
-                         "rows": table, "changes": changed, "replays": {m.key: done[m.key] for m in mixes + changes}},
-             markdown(args, table, changed))
+    results.write(args.results, args.name, {
+        "preset": args.preset, "phase": args.phase, "budget": args.budget, "steps": args.steps,
+        "interval": args.interval, "eval_batches": args.eval_batches, "seeds": args.seeds, "rows": table,
+        "changes": changed, "replays": {m.key: done[m.key] for m in mixes + changes},
+        "runs_from": [p.name for p in args.runs_from]}, markdown(args, table, changed))
 
 
 if __name__ == "__main__":

@@ -1,25 +1,21 @@
-"""bench_planner.py's structured_ld: the Gauss-Newton form of LD along a layer's actual FP4 forward error, estimated
-from sampled-label cotangents summed per sequence, is unbiased for 1/2 e^T G e computed exactly from the logits'
-change along e (tests/gauss_newton.py); measuring it leaves the plan and the SR counters as they were; StructuredLD (snip_struct) makes the
-planner solve with every layer's curvature times structured_ld / LD in FP4."""
+"""experiments.fp4_forward's structured_ld: the Gauss-Newton form of LD along a layer's actual FP4 forward error,
+estimated from sampled-label cotangents summed per sequence, is unbiased for 1/2 e^T G e computed exactly from the
+logits' change along e (tests/gauss_newton.py); measuring it leaves the plan and the SR counters as they were;
+StructuredLD (the grid's snip_struct) makes the planner solve with every layer's curvature times structured_ld / LD in
+FP4, and otherwise behaves as the hooks it wraps."""
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import bench_planner  # noqa: E402
-from gauss_newton import gauss_newton_along  # noqa: E402
-from bench_planner import StructuredLD, fp4_output_errors, structured_ld  # noqa: E402
-from planner.cost import LayerShape  # noqa: E402
-from planner.stats import LayerStats, PlannerStats  # noqa: E402
-from snip_ops import SnipLinear, convert  # noqa: E402
-from snip_train.model import Llama, LlamaConfig  # noqa: E402
-from snip_train.state import sr_counters  # noqa: E402
+from experiments import fp4_forward
+from experiments.fp4_forward import StructuredLD, fp4_output_errors, structured_ld
+from gauss_newton import gauss_newton_along
+from planner import LayerShape, LayerStats, PlannerStats
+from snip_ops import SnipLinear, convert
+from snip_train.model import Llama, LlamaConfig
+from snip_train.state import sr_counters
 
 
 def _model_and_batch(sequences: int = 4, length: int = 16):
@@ -70,7 +66,7 @@ def test_structured_ld_hooks_scale_each_curvature_by_structured_over_isotropic_l
     def fake_structured_ld(model, layers, batch, draws):
         seen.update(model=model, layers=layers, batch=batch)
         return {"l0": 0.06, "l1": 0.5}
-    monkeypatch.setattr(bench_planner, "structured_ld", fake_structured_ld)
+    monkeypatch.setattr(fp4_forward, "structured_ld", fake_structured_ld)
     planner = SimpleNamespace(model="the model", layers="its layers", measure=lambda batch, *a, **k: _stats())
     hooks = SimpleNamespace(planner=planner, on_setup=lambda model, opt: None)
     StructuredLD(hooks).on_setup(model=None, opt=None)
@@ -79,3 +75,14 @@ def test_structured_ld_hooks_scale_each_curvature_by_structured_over_isotropic_l
     assert got["l0"].curvature == pytest.approx(2.0 * 0.06 / (2.0 * 0.01)) and got["l0"].ld("fp4") == pytest.approx(0.06)
     assert got["l1"].curvature == 0.0  # no isotropic LD to scale: left as measured
     assert (got["l0"].s_dgrad, got["l0"].s_wgrad, got["l0"].errors) == (3.0, 5.0, _stats().layers[0].errors)
+
+
+def test_structured_ld_hooks_behave_as_the_hooks_they_wrap():
+    steps, setups = [], []
+    planner = SimpleNamespace(model=None, layers=None, measure=lambda batch: _stats())
+    hooks = SimpleNamespace(planner=planner, plans=["a plan"], on_setup=lambda model, opt: setups.append(model),
+                            on_step=lambda step, model, batch: steps.append(step) or "stepped")
+    wrapped = StructuredLD(hooks)
+    wrapped.on_setup(model="the model", opt=None)
+    assert setups == ["the model"] and wrapped.on_step(3, None, None) == "stepped" and steps == [3]
+    assert wrapped.plans == ["a plan"] and wrapped.planner is planner

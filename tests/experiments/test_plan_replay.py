@@ -1,4 +1,4 @@
-"""bench_plan_replay.py: a method's own plans replayed give its quality-grid branch back bit for bit, a mix takes the
+"""experiments.plan_replay: a method's own plans replayed give its quality-grid branch back bit for bit, a mix takes the
 first plan from one method and the later ones from the other, a change moves the first plan's GEMMs or the rounding
 seeds only, and the bench runs end to end in seconds."""
 
@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from experiments.plan_replay import (RESEED_SHIFT, ReplayedPlans, changed_plans, mixed_plans, parse_change, parse_mix,
+                                     plan_steps)
+from experiments.quality_table import QualityRun
+from snip_ops import SnipLinear
 
-from bench_plan_replay import (RESEED_SHIFT, changed_plans, mixed_plans, parse_change, parse_mix, plan_steps,  # noqa: E402
-                               ReplayedPlans)
-import bench_planner as bp  # noqa: E402
-from snip_ops import SnipLinear  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_mixed_plans_take_the_first_plan_from_one_method_and_the_rest_from_the_other():
@@ -65,16 +64,16 @@ def test_a_reseeded_replay_shifts_every_layers_rounding_seed_only():
 
 
 def test_plans_must_come_every_interval():
-    run = bp.QualityRun("tiny", 100, 0.8, "snip_signal_gemm", 0, 100, 50, 64)
+    run = QualityRun.of("tiny", 100, 0.8, "snip_signal_gemm", 0, 100, 50, 64)
     assert plan_steps({"plans": [{"step": 0, "precisions": {}}, {"step": 50, "precisions": {"x": "fp8"}}]}, run) == {
         0: {}, 50: {"x": "fp8"}}
     with pytest.raises(SystemExit, match="not every 50 steps"):
         plan_steps({"plans": [{"step": 0, "precisions": {}}, {"step": 20, "precisions": {}}]}, run)
 
 
-def test_bench_end_to_end_and_a_methods_own_plans_give_its_branch_back(tmp_path):
+def test_study_end_to_end_and_a_methods_own_plans_give_its_branch_back(tmp_path):
     env = {**os.environ, "SNIP_BENCH_CACHE": str(tmp_path / "cache")}
-    subprocess.run([sys.executable, str(ROOT / "bench" / "bench_plan_replay.py"), "--phase", "2", "--budget", "0.75",
+    subprocess.run([sys.executable, "-m", "experiments.plan_replay", "--phase", "2", "--budget", "0.75",
                     "--seeds", "0,1", "--steps", "2", "--interval", "1", "--eval-batches", "2", "--workers", "2",
                     "--mixes", "snip_ld_gemm+layer_type_gemm,layer_type_gemm+layer_type_gemm",
                     "--changes", "layer_type_gemm:reseed,layer_type_gemm:bwd_fp4", "--results", str(tmp_path)],

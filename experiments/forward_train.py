@@ -1,16 +1,16 @@
 """How a forward GEMM's FP4 error costs through training: which of Adam's moments carries it, and whether it is the
 error's bias or its noise; and a price of that bias against the measured cost.
 
-    python bench/bench_forward_train.py --phases 100 --blocks 0,2 --seeds 0,1,2,3 --workers 2
+    python -m experiments.forward_train --phases 100 --blocks 0,2 --seeds 0,1,2,3 --workers 2
 
 Early in training most of what a block's FP4 forward error costs comes through the weights it trains, not through
-the loss of the error itself, which is what LD prices (bench_planner.py scale: fprop_train, the error in the training
+the loss of the error itself, which is what LD prices (experiments.scale: fprop_train, the error in the training
 steps only and the evaluation exact, costs 88-95% of the whole forward gap at the 100-step checkpoint, 7-70x the
 block's LD). Routes: from a bf16 checkpoint, `--steps` steps with one transformer block's forward error amplified
-`--amplify` times (bench_planner.AmplifiedError, in the training steps only, the evaluation exact), every step's
-AdamW update (torch.optim.AdamW's arithmetic, the loop's clipped gradients) fed from
+`--amplify` times (experiments.amplified_error.AmplifiedError, in the training steps only, the evaluation exact),
+every step's AdamW update (torch.optim.AdamW's arithmetic, the loop's clipped gradients) fed from
   * exact: the exact gradient (no error anywhere): the reference every route's gap is taken against;
-  * both: the perturbed gradient, in the first moment m and the second v: the error's whole cost (bench scale's
+  * both: the perturbed gradient, in the first moment m and the second v: the error's whole cost (the scale study's
     fprop_train);
   * first_moment: m from the perturbed gradient, v from the exact one;
   * second_moment: m exact, v perturbed: what the error costs by inflating v alone (smaller steps);
@@ -34,10 +34,10 @@ the whole dg(1), each priced as the drift it gives Adam over the branch in a dia
 diagonal G as the curvature and Adam's v as the preconditioner: per parameter, b^2 (1 - exp(-a T))^2 / (2 G) with
 a = lr D G, D = 1 / (sqrt(v) + eps), lr the branch's mean and b^2 the squared mean over the batches without its
 noise (the mean over pairs of distinct batches). LD: the planner's, summed over the block. Beside them, on the tiny
-preset, bench scale --blocks' per-block truths (cpu-planner-scale-blocks.json, divided by k^2), and the block's LD 100
-steps on along the bf16 trajectory from that file (LD later: foresight) as LD later + max(0, LD later - LD), the end
-value plus the rise (bench_planner.py's snip_growth): training under the error follows the gradient of L + LD, which
-to first order costs the exact loss what the exact trajectory raises LD by.
+preset, the scale study's --blocks per-block truths (cpu-planner-scale-blocks.json, divided by k^2), and the block's
+LD 100 steps on along the bf16 trajectory from that file (LD later: foresight) as LD later + max(0, LD later - LD),
+the end value plus the rise: training under the error follows the gradient of L + LD, which to first order costs the
+exact loss what the exact trajectory raises LD by. Results: bench/results/cpu-planner-<name>.{json,md}.
 """
 
 from __future__ import annotations
@@ -45,23 +45,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import multiprocessing
 import statistics
-import sys
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bench_planner as bp  # noqa: E402
-from planner import DivergenceConfig, StatsConfig, measure  # noqa: E402
-from planner.divergence import lm_logits  # noqa: E402
-from planner.stats import high_precision  # noqa: E402
-from snip_ops.formats import GemmRecipe, Rounding, recipe  # noqa: E402
+from experiments import results
+from experiments.amplified_error import AmplifiedError
+from experiments.common import (CACHE, RUN, add_run_arguments, branch_config, calibration_batch, check_cache_numerics,
+                                checkpoint, continue_from, in_block, ints, label_generator, mean_se, model_at,
+                                sample_labels)
+from planner import DivergenceConfig, PlannedModel, StatsConfig, block_index, high_precision, lm_logits, measure
+from snip_ops import gemm as snip_gemm
+from snip_ops.formats import GemmRecipe, Rounding, recipe
+from snip_ops.module import layer_seed
+from snip_train.data import TokenData
+from snip_train.train import learning_rates
 
 # route: (the gradient Adam's first moment sees, the one its second moment sees); "exact", "own" (the batch's,
 # perturbed), "other" (the exact gradient plus the error's change on another batch), "mean2" (plus the mean of the
@@ -100,7 +101,7 @@ def clipped(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
 
 
 @contextlib.contextmanager
-def error_switched(error: bp.AmplifiedError, on: bool):
+def error_switched(error: AmplifiedError, on: bool):
     """`error` on or off for the block, as it was afterwards."""
     was, error.enabled = error.enabled, on
     try:
@@ -114,8 +115,8 @@ def loss_grads(model, params, batch, grad_clip: float) -> list[torch.Tensor]:
     return clipped(list(torch.autograd.grad(model.loss(batch), params)), grad_clip)
 
 
-class RoutedError(bp.AmplifiedError):
-    """Hooks for bench_planner.continue_from: one block's forward error in the training steps, and the optimizer's
+class RoutedError(AmplifiedError):
+    """Hooks for experiments.common.continue_from: one block's forward error in the training steps, and the optimizer's
     step replaced by AdamW's fed as the route says (ROUTES)."""
 
     def __init__(self, route: str, amplify: float, block: int, seed: int, grad_clip: float, rounding: str = "rne"):
@@ -124,7 +125,7 @@ class RoutedError(bp.AmplifiedError):
         self.enabled = route != "exact"  # the loop's own backward then gives the exact gradient
         self.grad_clip, self.amplitude = grad_clip, amplify
         self.other_gen = torch.Generator().manual_seed(OTHER_BATCH_SEED + seed)
-        self.data = bp.TokenData.from_path(None, max_bytes=bp.RUN["max_bytes"])
+        self.data = TokenData.from_path(None, max_bytes=RUN["max_bytes"])
 
     def on_setup(self, model, opt) -> None:
         super().on_setup(model, opt)
@@ -146,7 +147,7 @@ class RoutedError(bp.AmplifiedError):
             return
         self.exact = self.grads(batch, False)
         if {"other", "mean2"} & {self.first, self.second}:
-            other = self.data.get_batch("train", bp.RUN["batch_size"], bp.RUN["seq_len"], self.other_gen)
+            other = self.data.get_batch("train", RUN["batch_size"], RUN["seq_len"], self.other_gen)
             self.other_change = [a - b for a, b in zip(self.grads(other, True), self.grads(other, False))]
 
     def fed(self, source: str, i: int, grad: torch.Tensor) -> torch.Tensor:
@@ -201,27 +202,27 @@ class RouteRun:
 def run_route(run: RouteRun) -> float:
     """The branch's final validation loss."""
     torch.set_num_threads(1)
-    hooks = RoutedError(run.route, run.amplify, run.block, run.seed, bp.RUN["grad_clip"], run.rounding)
-    return bp.continue_from(bp.checkpoint(run.phase), run.steps, run.seed, hooks=hooks, evals=1,
-                            eval_batches=run.eval_batches)["final_val_loss"]
+    hooks = RoutedError(run.route, run.amplify, run.block, run.seed, RUN["grad_clip"], run.rounding)
+    return continue_from(checkpoint(run.phase), run.steps, run.seed, hooks=hooks, evals=1,
+                         eval_batches=run.eval_batches)["final_val_loss"]
 
 
 def route_rows(args) -> list[dict]:
     """Each (phase, block, route)'s gap to the exact route per seed, and its share of route both's."""
-    cache = bp.CACHE / "forward-train-routes.json"
-    done = bp.read_cache(cache)
+    cache = CACHE / "forward-train-routes.json"
+    done = results.read_cache(cache)
     runs = {(phase, block, route, seed): RouteRun(phase, block, route, seed, args.steps, args.amplify,
                                                   args.eval_batches, args.rounding)
             for phase in args.phases for block in args.blocks for route in args.routes for seed in args.seeds}
     for phase in args.phases:  # before the workers start, so that they only read it
-        bp.checkpoint(phase)
+        checkpoint(phase)
     todo = list({r.key: r for r in runs.values() if r.key not in done}.values())
     for phase in sorted({r.phase for r in todo}):  # the workers train as this process does, with one thread
-        bp.check_cache_numerics(done, cache, phase)
+        check_cache_numerics(done, cache, phase)
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         for r, loss in zip(todo, pool.map(run_route, todo)):
             done[r.key] = loss
-            cache.write_text(json.dumps(done))
+            results.write_cache(cache, done)
             print(f"{r.key}: val {loss:.5f}", flush=True)
     rows = []
     for phase in args.phases:
@@ -230,7 +231,7 @@ def route_rows(args) -> list[dict]:
                             for s in args.seeds] for route in args.routes if route != "exact"}
             whole = statistics.mean(gaps["both"])
             for route, per_seed in gaps.items():
-                mean, se = bp.mean_se(per_seed)
+                mean, se = mean_se(per_seed)
                 rows.append({"phase": phase, "block": block, "route": route, "gaps": per_seed, "mean_gap": mean,
                              "standard_error": se, "share_of_both": mean / whole if whole else float("nan")})
     return rows
@@ -239,19 +240,19 @@ def route_rows(args) -> list[dict]:
 def sr_energy_ratios(phase: int) -> dict[str, float]:
     """{layer: the mean squared FP4 forward error on the calibration batch rounded stochastically (the layer's own
     bits, step 0) over that rounded to nearest} at the checkpoint."""
-    model, _, layers = bp.model_at(bp.checkpoint(phase))
+    model, _, layers = model_at(checkpoint(phase))
     inputs = {}
     handles = [m.register_forward_hook(lambda mod, args, out, name=name: inputs.__setitem__(
         name, args[0].detach().reshape(-1, mod.in_features).float())) for name, m in layers.items()]
     with torch.no_grad():
-        model.loss(bp.calibration_batch())
+        model.loss(calibration_batch())
     for h in handles:
         h.remove()
     ratios = {}
     for name, module in layers.items():
         x, w = inputs[name], module.weight.detach().float()
-        exact = bp.snip_gemm.fp32_mm(x, w.t())
-        energy = {r: float((bp.snip_gemm.fprop(x, w, forward_recipe(r), seed=bp.layer_seed(name), emulate=True)
+        exact = snip_gemm.fp32_mm(x, w.t())
+        energy = {r: float((snip_gemm.fprop(x, w, forward_recipe(r), seed=layer_seed(name), emulate=True)
                             - exact).pow(2).mean()) for r in ROUNDINGS}
         ratios[name] = energy["sr"] / energy["rne"]
     return ratios
@@ -278,32 +279,32 @@ def drift_price(changes: list[list[torch.Tensor]], fisher, preconditioner, lr: f
 
 def price_rows(args) -> list[dict]:
     truths = {}
-    for r in bp.scale_block_rows():
+    for r in results.scale_block_rows():
         if r["gemm"] in ("fprop", "fprop_train") and r["block"] is not None:
             truths[r["phase"], r["gemm"], r["block"]] = r["mean_gap"] / r["amplify"] ** 2
             truths[r["phase"], "ld_later", r["block"]] = r["predicted_later"] / r["amplify"] ** 2
     rows = []
     for phase in args.phases:
-        ckpt = bp.checkpoint(phase)
-        model, opt, layers = bp.model_at(ckpt)
+        ckpt = checkpoint(phase)
+        model, opt, layers = model_at(ckpt)
         params = [p for group in opt.param_groups for p in group["params"]]
-        stats = measure(model, layers, opt, bp.calibration_batch(), lambda m, b: m.loss(b), ("fp4",), StatsConfig(),
-                        DivergenceConfig(wgrad_signal_share=False), logits_fn=lm_logits)  # LD only
-        batches = [bp.calibration_batch(FIRST_PRICE_BATCH + i) for i in range(args.price_batches)]
-        blocks = sorted({bp.block_index(name) for name in layers})
-        errors = {(block, s): bp.AmplifiedError("fprop", "fp4", s, in_evaluation=False, block=block)
+        stats = measure(PlannedModel(model, layers, opt, lambda m, b: m.loss(b), lm_logits), calibration_batch(),
+                        ("fp4",), StatsConfig(), DivergenceConfig())  # its LD
+        batches = [calibration_batch(FIRST_PRICE_BATCH + i) for i in range(args.price_batches)]
+        blocks = sorted({block_index(name) for name in layers})
+        errors = {(block, s): AmplifiedError("fprop", "fp4", s, in_evaluation=False, block=block)
                   for block in blocks for s in (1.0, -1.0)}
         for e in errors.values():
             e.on_setup(model, opt)
             e.enabled = False
 
-        def grads(batch, error: bp.AmplifiedError) -> list[torch.Tensor]:
+        def grads(batch, error: AmplifiedError) -> list[torch.Tensor]:
             with error_switched(error, True):
-                return loss_grads(model, params, batch, bp.RUN["grad_clip"])
+                return loss_grads(model, params, batch, RUN["grad_clip"])
         whole = {block: [] for block in blocks}
         odd = {block: [] for block in blocks}
         for batch in batches:
-            exact = loss_grads(model, params, batch, bp.RUN["grad_clip"])  # every error off
+            exact = loss_grads(model, params, batch, RUN["grad_clip"])  # every error off
             for block in blocks:
                 plus, minus = grads(batch, errors[block, 1.0]), grads(batch, errors[block, -1.0])
                 whole[block].append([p - e for p, e in zip(plus, exact)])
@@ -312,16 +313,16 @@ def price_rows(args) -> list[dict]:
         for i, batch in enumerate(batches):  # one label draw per batch, from the model's own predictions
             with high_precision(layers):
                 logits = lm_logits(model, batch).flatten(0, -2).float()
-            labels = bp.sample_labels(logits.detach().softmax(-1), bp.divergence_generator(0, (i,), logits.device))
+            labels = sample_labels(logits.detach().softmax(-1), label_generator(0, (i,), logits.device))
             for f, g in zip(fisher, torch.autograd.grad(F.cross_entropy(logits, labels), params)):
                 f += logits.shape[0] * g.float().pow(2) / len(batches)
         beta2, eps = opt.param_groups[0]["betas"][1], opt.param_groups[0]["eps"]
         preconditioner = [1.0 / ((opt.state[p]["exp_avg_sq"] / (1 - beta2 ** float(opt.state[p]["step"]))).sqrt() + eps)
                           for p in params]
-        lrs = bp.learning_rates(bp.branch_config(ckpt, args.steps, 0))
+        lrs = learning_rates(branch_config(ckpt, args.steps, 0))
         lr = statistics.mean(lrs(s) for s in range(args.steps))
         for block in blocks:
-            ld = sum(s.ld("fp4") for s in stats.layers if bp.in_block(s.name, block))
+            ld = sum(s.ld("fp4") for s in stats.layers if in_block(s.name, block))
             ld_later = truths.get((phase, "ld_later", block))
             rows.append({"phase": phase, "block": block, "ld": ld, "ld_later": ld_later,
                          "end_and_growth": None if ld_later is None else ld_later + max(0.0, ld_later - ld),
@@ -353,7 +354,7 @@ def markdown(args, routes: list[dict], prices: list[dict], energy: dict[int, dic
     if not prices:
         return "\n".join(md)
     md += ["", f"Prices ({args.price_batches} calibration batches, the error not amplified): the block's LD, the drift "
-           "price of its gradient change (whole and odd part), bench scale --blocks' truths per unit k^2 (fprop_train: "
+           "price of its gradient change (whole and odd part), the scale study's --blocks truths per unit k^2 (fprop_train: "
            "the error in training only; fprop: in evaluation too) and LD 100 steps on (LD later, foresight) as the end "
            "value plus the rise, LD later + max(0, LD later - LD); ratios of the truths to the prices.", "",
            "| checkpoint | block | truth_train | truth | LD | drift whole | drift odd | LD later | end + rise | "
@@ -370,7 +371,6 @@ def markdown(args, routes: list[dict], prices: list[dict], energy: dict[int, dic
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
     p.add_argument("--phases", type=ints, default=[100], help="bf16 checkpoint steps (default: %(default)s)")
     p.add_argument("--blocks", type=ints, default=[0, 2], help="transformer blocks (default: %(default)s)")
     p.add_argument("--seeds", type=ints, default=[0, 1, 2, 3], help="routes: paired seeds (default: %(default)s)")
@@ -385,25 +385,22 @@ def main() -> None:
     p.add_argument("--price-batches", type=int, default=8, help="prices: batches (default: %(default)s)")
     p.add_argument("--workers", type=int, default=1, help="routes: worker processes, one thread each")
     p.add_argument("--name", default="forward-train", help="results file stem cpu-planner-<name>")
-    p.add_argument("--results", type=Path, default=None, help="where the results go (default: bench/results)")
+    add_run_arguments(p)
     args = p.parse_args()
     if args.price_batches < 2:
         p.error("--price-batches must be >= 2 (the squared mean without its noise needs two)")
     if unknown := set(args.routes) - set(ROUTES):
         p.error(f"unknown routes {sorted(unknown)}; known: {', '.join(ROUTES)}")
     args.routes = [r for r in ROUTES if r in {"exact", "both", *args.routes}]
-    if args.results is not None:
-        bp.RESULTS = args.results
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     routes = route_rows(args)
     energy = {phase: sr_energy_ratios(phase) for phase in args.phases}
     args.price_phases = args.phases if args.price_phases is None else args.price_phases
     prices = price_rows(argparse.Namespace(**{**vars(args), "phases": args.price_phases}))
-    bp.write(args.name, {"steps": args.steps, "amplify": args.amplify, "rounding": args.rounding, "seeds": args.seeds,
-                         "blocks": args.blocks,
-                         "price_phases": args.price_phases, "price_batches": args.price_batches,
-                         "routes": routes, "sr_over_rne_error_energy": energy, "prices": prices},
-             markdown(args, routes, prices, energy))
+    results.write(args.results, args.name, {
+        "steps": args.steps, "amplify": args.amplify, "rounding": args.rounding, "seeds": args.seeds,
+        "blocks": args.blocks, "price_phases": args.price_phases, "price_batches": args.price_batches,
+        "routes": routes, "sr_over_rne_error_energy": energy, "prices": prices}, markdown(args, routes, prices, energy))
 
 
 if __name__ == "__main__":

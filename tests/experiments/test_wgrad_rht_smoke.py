@@ -1,4 +1,4 @@
-"""`bench_wgrad_rht.py` end to end in its seconds-long setting, written to a temporary directory (the
+"""`python -m experiments.wgrad_rht` end to end in its seconds-long setting, written to a temporary directory (the
 committed results in bench/results are never touched)."""
 
 import json
@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_wgrad_rht_smoke(tmp_path):
-    subprocess.run([sys.executable, str(ROOT / "bench" / "bench_wgrad_rht.py"), "--smoke", "--results", str(tmp_path)],
+    subprocess.run([sys.executable, "-m", "experiments.wgrad_rht", "--smoke", "--results", str(tmp_path)],
                    cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
     result = json.loads((tmp_path / "cpu-wgrad-rht.json").read_text())
     assert set(result["sqnr_db"]) == {"gaussian", "student_t3", "student_t2", "outlier_tokens", "row_scales", "tiny_model"}

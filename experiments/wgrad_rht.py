@@ -2,8 +2,8 @@
 without (`nvfp4`) the transform, on the same operands and SR bits, as SQNR in dB of dw = dy^T x against
 the float64 product of the unquantized operands (higher is better).
 
-    python bench/bench_wgrad_rht.py            # writes bench/results/cpu-wgrad-rht.{json,md}
-    python bench/bench_wgrad_rht.py --smoke --results DIR    # seconds: small shapes, 2 seeds
+    python -m experiments.wgrad_rht            # writes bench/results/cpu-wgrad-rht.{json,md}
+    python -m experiments.wgrad_rht --smoke --results DIR    # seconds: small shapes, 2 seeds
 
 Operands (tokens M x features), per seed:
   gaussian       dy, x i.i.d. normal;
@@ -22,17 +22,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from run_record import RESULTS, provenance, write_result  # noqa: E402
-from snip_ops import gemm  # noqa: E402
-from snip_ops.formats import recipe  # noqa: E402
+from experiments import results
+from snip_ops import gemm
+from snip_ops.formats import recipe
 
 RECIPES = ("nvfp4", "nvfp4_train")
 SYNTHETIC = ("gaussian", "student_t3", "student_t2", "outlier_tokens", "row_scales")
@@ -111,7 +107,8 @@ def _mean_sd(v: list[float]) -> str:
 
 def report(rows: dict, args, prov: dict) -> str:
     lines = ["# NVFP4 wgrad with and without the random Hadamard transform", "",
-             f"{prov['date']} | `{prov['command']}` | commit {prov['commit']} | {prov['platform']}, {prov['cpus']} CPUs", "",
+             f"{prov['date']} | `{prov['command']}` | commit {prov['commit']} | {prov['machine']['platform']}, "
+             f"{prov['machine']['cpus']} CPUs", "",
              f"SQNR (dB) of dw = dy^T x against the float64 product, M = {args.m} tokens, N = {args.n}, K = {args.k} "
              f"(tiny_model: its layers' own shapes, 4 x 64 tokens), seeds {args.seeds}; mean +- sd over seeds. "
              "Paired: both recipes quantize the same operands with the same SR stream.", "",
@@ -137,17 +134,16 @@ def main(argv=None) -> dict:
     p.add_argument("--seeds", type=lambda s: [int(v) for v in s.split(",")], default=list(range(8)))
     p.add_argument("--kinds", type=lambda s: s.split(","), default=list(SYNTHETIC) + ["tiny_model"])
     p.add_argument("--smoke", action="store_true", help="seconds: small shapes, 2 seeds")
-    p.add_argument("--results", type=Path, default=RESULTS, help="where the JSON and Markdown go")
+    p.add_argument("--results", type=Path, default=results.RESULTS, help="where the JSON and Markdown go")
     args = p.parse_args(argv)
     if args.smoke:
         args.m, args.n, args.k, args.seeds = 64, 16, 16, [0, 1]
     torch.set_num_threads(1)
-    command = "bench/bench_wgrad_rht.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    prov = provenance(command.strip())
+    prov = results.provenance()
     rows = measure(args.kinds, args.seeds, args.m, args.n, args.k)
     md = report(rows, args, prov)
-    write_result("cpu-wgrad-rht", {**prov, "m": args.m, "n": args.n, "k": args.k, "seeds": args.seeds, "sqnr_db": rows},
-                 md, args.results)
+    results.save(args.results, "cpu-wgrad-rht",
+                 {**prov, "m": args.m, "n": args.n, "k": args.k, "seeds": args.seeds, "sqnr_db": rows}, md)
     return rows
 
 

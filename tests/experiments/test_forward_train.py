@@ -1,4 +1,4 @@
-"""bench_forward_train.py: the AdamW step its routes feed is torch.optim.AdamW's, each route feeds the moments the
+"""experiments.forward_train: the AdamW step its routes feed is torch.optim.AdamW's, each route feeds the moments the
 gradient it names, the drift price's squared mean is unbiased, and the bench runs end to end in seconds."""
 
 import json
@@ -13,13 +13,12 @@ import pytest
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from experiments.forward_train import (ROUTES, RouteRun, RoutedError, drift_price, forward_recipe,
+                                       pair_mean_of_squares)
+from snip_ops import gemm as snip_gemm
+from snip_ops.formats import Rounding, recipe
 
-from bench_forward_train import (ROUTES, RouteRun, RoutedError, drift_price, forward_recipe,  # noqa: E402
-                                 pair_mean_of_squares)
-from snip_ops import gemm as snip_gemm  # noqa: E402
-from snip_ops.formats import Rounding, recipe  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -127,9 +126,9 @@ def test_drift_price_of_a_constant_bias():
     assert price == pytest.approx(0.5 * g * (b / g) ** 2 * (1 - math.exp(-a * steps)) ** 2, rel=1e-6)
 
 
-def test_bench_runs_end_to_end(tmp_path):
+def test_study_runs_end_to_end(tmp_path):
     env = {**os.environ, "SNIP_BENCH_CACHE": str(tmp_path / "cache")}
-    subprocess.run([sys.executable, str(ROOT / "bench" / "bench_forward_train.py"), "--phases", "2", "--blocks", "1",
+    subprocess.run([sys.executable, "-m", "experiments.forward_train", "--phases", "2", "--blocks", "1",
                     "--seeds", "0,1", "--steps", "2", "--eval-batches", "1", "--price-batches", "2", "--workers", "2",
                     "--results", str(tmp_path)], cwd=ROOT, check=True, capture_output=True, text=True, timeout=600,
                    env=env)
@@ -143,7 +142,7 @@ def test_bench_runs_end_to_end(tmp_path):
     assert all(r["ld"] >= 0 and r["drift_whole"] >= 0 and r["truth"] is None for r in out["prices"])
     assert (tmp_path / "cpu-planner-forward-train.md").exists()
     cache = json.loads((tmp_path / "cache" / "forward-train-routes.json").read_text())
-    assert set(cache["numerics"]) == {"tiny/2"}  # what the routes were trained under (bench_planner.check_cache_numerics)
+    assert set(cache["numerics"]) == {"tiny/2"}  # what the routes were trained under (common.check_cache_numerics)
 
 
 def test_sr_forward_rounds_the_forward_operands_stochastically_and_nothing_else():
@@ -177,9 +176,9 @@ def test_run_keys_share_the_exact_reference_across_roundings():
     assert RouteRun(100, 0, "both", 1, 100, 3.0, 16).key == "100/0/both/1/100/3/e16"
 
 
-def test_bench_runs_with_stochastic_forward_rounding_and_chosen_routes(tmp_path):
+def test_study_runs_with_stochastic_forward_rounding_and_chosen_routes(tmp_path):
     env = {**os.environ, "SNIP_BENCH_CACHE": str(tmp_path / "cache")}
-    subprocess.run([sys.executable, str(ROOT / "bench" / "bench_forward_train.py"), "--phases", "2", "--blocks", "0",
+    subprocess.run([sys.executable, "-m", "experiments.forward_train", "--phases", "2", "--blocks", "0",
                     "--seeds", "0,1", "--steps", "2", "--eval-batches", "1", "--price-batches", "2", "--routes",
                     "second_moment", "--rounding", "sr", "--price-phases=", "--results", str(tmp_path)], cwd=ROOT,
                    check=True, capture_output=True, text=True, timeout=600, env=env)

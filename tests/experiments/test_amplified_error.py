@@ -1,18 +1,13 @@
-"""The ground truth of bench_planner.py scale: with `amplify` 1 the hooked bf16 layers produce the outputs and
-gradients of layers whose fprop, dgrad or wgrad runs in the precision itself, and `amplify` scales the error alone."""
-
-import copy
-import sys
-from pathlib import Path
+"""The scale study's ground truth (experiments.amplified_error): with `amplify` 1 the hooked bf16 layers produce the
+outputs and gradients of layers whose fprop, dgrad or wgrad runs in the precision itself, and `amplify` scales the
+error alone."""
 
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from bench_planner import AmplifiedError  # noqa: E402
-from snip_ops import LinearPrecision, convert  # noqa: E402
+from experiments.amplified_error import AmplifiedError
+from snip_ops import LinearPrecision, convert
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
