@@ -1,5 +1,5 @@
 // Quantization through 128x128 tiles: column-wise (codes of x^T), row+column fused in one pass over
-// x (DESIGN.md §3: x for fprop and x^T for wgrad, dy for dgrad and dy^T for wgrad), and 2-D blocks
+// x (docs/design.md §3: x for fprop and x^T for wgrad, dy for dgrad and dy^T for wgrad), and 2-D blocks
 // (16x16, 128x128: the weight blocks shared by w and w^T), with either or both outputs.
 //
 // Each CTA (512 threads) owns one 128x128 tile of x; a thread owns a 4-row x 8-column patch,
