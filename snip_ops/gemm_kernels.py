@@ -76,6 +76,8 @@ K is padded with zero codes to the kernels' 16-byte TMA rows (16 FP8 / 32 FP4 el
 
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
@@ -84,7 +86,7 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import _ext, reference
+from . import _ext, autotune, reference
 from .cast import decode
 from .formats import E2M1, E4M3, E5M2, GEMMS, ElementFormat, GemmRecipe, QuantSpec, ScaleKind, recipe
 from .quantize import dequantize
@@ -443,6 +445,14 @@ def prepare_sm90(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.bfloat16
     return ca, sfa, cb, sfb, b_block, n_pad
 
 
+@lru_cache(maxsize=None)
+def _tuning_version() -> str:
+    """snip's version and the extension's kernel set: a tuning cache written by another build (other tiles
+    compiled) is never read."""
+    digest = hashlib.sha256(json.dumps(_ext.kernels(), sort_keys=True).encode()).hexdigest()[:12]
+    return f"{autotune.SNIP_VERSION}+{digest}"
+
+
 def _run_fp8_blockwise(a: QTensor, b: QTensor, out_dtype, bias, out, config: str) -> torch.Tensor:
     n = b.shape[0]
     # In-place accumulation when `out` fits the kernel's alignment rules; otherwise an FP32 result
@@ -453,14 +463,25 @@ def _run_fp8_blockwise(a: QTensor, b: QTensor, out_dtype, bias, out, config: str
     else:
         kernel_dtype = torch.bfloat16 if out is None and out_dtype == torch.bfloat16 else torch.float32
     ca, sfa, cb, sfb, b_block, n_pad = prepare_sm90(a, b, kernel_dtype)
-    if direct_acc:
-        torch.ops.snip_C.fp8_gemm_nt_blockwise_acc(ca, sfa, cb, sfb, b_block, out, config)
-        return out
     fused_bias = None
     if bias is not None and out is None:
         fused_bias = _pad_2d(bias.float().reshape(1, -1), 1, n_pad).reshape(-1)
-    y = torch.ops.snip_C.fp8_gemm_nt_blockwise(ca, sfa, cb, sfb, b_block, kernel_dtype, fused_bias, config)
-    return _finish(y, n, out_dtype, None, out)
+
+    def run(cfg: str, target: torch.Tensor | None = None) -> torch.Tensor:
+        if not direct_acc:
+            return torch.ops.snip_C.fp8_gemm_nt_blockwise(ca, sfa, cb, sfb, b_block, kernel_dtype, fused_bias, cfg)
+        target = out.clone() if target is None else target  # tuning runs accumulate into copies
+        torch.ops.snip_C.fp8_gemm_nt_blockwise_acc(ca, sfa, cb, sfb, b_block, target, cfg)
+        return target
+
+    if not config:
+        kind = autotune.GemmKind(_fp8_kernel(device_arch(ca.device), a), b_block,
+                                 str(kernel_dtype).removeprefix("torch."), direct_acc)
+        config = autotune.choose(autotune.key_for(autotune.device_name(ca.device), kind, a.shape[0], n_pad,
+                                                  ca.shape[1], version=_tuning_version()), run)
+    if direct_acc:
+        return run(config, out)
+    return _finish(run(config), n, out_dtype, None, out)
 
 
 def _acc_ok(out: torch.Tensor) -> bool:
@@ -617,7 +638,8 @@ def qgemm(
     `path` forces one of PATHS (ValueError with the reason when it cannot compute this GEMM
     exactly); by default the fastest exact one is taken (`select_path`), and a GPU GEMM that finds
     no faster exact path than FP64 ("fp32") says so with a RuntimeWarning. `config` is passed to
-    the FP8 blockwise kernels ("tile=64x128,raster=n,swizzle=2"; empty: their heuristic).
+    the FP8 blockwise kernels ("tile=64x128,raster=n,swizzle=2"); empty: the one snip_ops.autotune
+    chooses (by default its committed per-device table, else the kernels' own heuristic).
     """
     _check_pair(a, b)
     m, n = a.shape[0], b.shape[0]
