@@ -38,7 +38,7 @@ import time
 import torch
 
 from bench.gpu_bench import device_and_timer, timing_parser, write_device_result
-from snip_ops import _ext, gemm_kernels as gk
+from snip_ops import _ext, autotune, gemm_kernels as gk
 from snip_ops.formats import recipe
 from snip_ops.quantize import quantize
 
@@ -154,9 +154,9 @@ def run(args) -> dict:
                 add(entries, "fp8", timer(lambda: op(ca, sfa, cb, sfb, bb, out_dtype)), f"snip CUTLASS sm90: {chosen}")
                 add(baselines, "fp8_qgemm", timer(lambda: gk.qgemm(a, b, out_dtype=out_dtype, path="sm90_fp8")),
                     "snip_ops.gemm_kernels.qgemm end to end (scale conversion + kernel)")
-                if args.configs:
-                    tiles = ["tile=128x128", "tile=64x128"] if bb == 128 and out_dtype == torch.bfloat16 else ["tile=128x128"]
-                    for cfg in [t + extra for t in tiles for extra in ("", ",swizzle=2", ",raster=m", ",raster=n")]:
+                if args.configs:  # the autotuner's candidates, so that its committed table comes from this file
+                    kind = autotune.GemmKind("fp8_gemm_nt_blockwise", bb, str(out_dtype).removeprefix("torch."), False)
+                    for cfg in filter(None, autotune.candidates(kind)):
                         add(configs, f"fp8[{cfg}]", timer(lambda c=cfg: op(ca, sfa, cb, sfb, bb, out_dtype, None, c)), cfg)
                 del ca, sfa, cb, sfb
                 # fp8_e5m2grad: its dgrad and wgrad multiply E5M2 gradients (kernels of their own), fprop as fp8
