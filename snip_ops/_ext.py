@@ -115,9 +115,14 @@ def kernel_available(name: str, device) -> bool:
         return False
     if isinstance(device, torch.Tensor):
         device = device.device
+    return _gate_allows(name, str(torch.device(device)))
+
+
+@torch.compiler.assume_constant_result  # asked first from a torch.compile trace, the check still runs eagerly
+def _gate_allows(name: str, device: str) -> bool:
     if _gate is None:  # never after `import snip_ops`, which every import of one of its modules runs first
         raise RuntimeError("snip_ops' kernel gate is not installed: kernels are used only after their self-check")
-    return _gate(name, device)
+    return _gate(name, torch.device(device))
 
 
 # Archs snip compiles kernels for (CMakeLists.txt's SNIP_CUDA_ARCHS), with what runs on them.
