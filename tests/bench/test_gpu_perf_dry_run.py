@@ -1,0 +1,43 @@
+"""scripts/gpu_perf.sh --dry-run: every step of the GPU performance run in its CPU smoke setting, so
+that a command or flag that would fail on the GPU machine fails here first. Output to a temporary
+directory; at most 8 files, what a GPU machine's output folder hands back."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from snip_ops import _ext
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = ["linear", "gemm", "quant", "optim", "step"]
+
+
+@pytest.mark.skipif(not _ext.kernel_available("quantize", "cpu"),
+                    reason="snip_ops._C not built (bench_quant's and bench_optim's smoke runs use its CPU ops)")
+def test_dry_run_writes_every_result(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_PERF_BUDGET_S": "450"}
+    proc = subprocess.run(["bash", "scripts/gpu_perf.sh", "--dry-run", str(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = tmp_path / "bench" / "results"
+    names = sorted(p.name for p in results.iterdir())
+    expected = [f"cpu-smoke-run-{s}.json" for s in STEPS + ["perf-summary"]] + ["cpu-smoke-run-perf-log.txt"]
+    assert names == sorted(expected) and len(names) <= 8
+    summary = json.loads((results / "cpu-smoke-run-perf-summary.json").read_text())
+    assert summary["dry_run"] and summary["device"] == "cpu (smoke run)" and summary["seconds"] <= summary["budget_s"]
+    assert [s["step"] for s in summary["steps"]] == STEPS
+    for s in summary["steps"]:
+        assert s["exit_status"] == 0 and s["output_written"] and "--smoke" in s["command"]
+        assert json.loads((results / s["output"]).read_text())["device"] == "cpu (smoke run)"
+    assert "--quick --configs" in summary["steps"][1]["command"]  # the GPU run's flags, checked here too
+    assert "gpu_perf: step exit status 0" in (results / "cpu-smoke-run-perf-log.txt").read_text()
+
+
+def test_unknown_option_is_refused(tmp_path):
+    proc = subprocess.run(["bash", "scripts/gpu_perf.sh", "--dryrun", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown option --dryrun" in proc.stderr
