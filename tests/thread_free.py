@@ -43,6 +43,7 @@ THREAD_FREE = {
     "tests/test_ci_stages.py": "a shell script's timing",
     "tests/test_committed_results.py": "file sizes and JSON keys",
     "tests/test_design_references.py": "text of the docs and sources",
+    "tests/test_readme.py": "text of the README",
 }
 
 
