@@ -15,17 +15,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import platform
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from bench.run_record import RESULTS, ROOT
+from bench.run_record import RESULTS, run_provenance
 from planner import (Budget, LayerShape, LayerStats, PlannedModel, PlannerConfig, PlannerStats, StatsConfig, lm_logits,
                      measure, solve)
 from snip_ops import SnipLinear, convert
@@ -35,22 +31,6 @@ from snip_train.model import Llama, LlamaConfig
 
 # The batch the planner measures on: the quality studies' calibration batch (experiments/common.py), 8 x 128 tokens.
 BATCH_SIZE, SEQ_LEN, CALIBRATION_SEED, DATA_BYTES = 8, 128, 7, 8 * 2**20
-
-
-def provenance() -> dict:
-    """When, at which commit, by which command and on what machine the result was made."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = None
-    argv = list(sys.argv[1:])
-    if "--results" in argv:  # where the files went is not how they were made
-        del argv[argv.index("--results"):argv.index("--results") + 2]
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(["python -m bench.bench_planner_cost", *argv]),
-            "commit": commit,
-            "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-                        "torch": torch.__version__, "threads": torch.get_num_threads(),
-                        "loadavg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None}}
 
 
 def synthetic_70b(seed: int = 0) -> PlannerStats:
@@ -201,7 +181,7 @@ def main(argv=None) -> None:
     p.add_argument("--results", type=Path, default=RESULTS, help="where the results go (default: bench/results)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    made = provenance()
+    made = run_provenance()
     ilp = ilp_timing()
     if args.ilp_only:  # keep the measurement section, and say when and how it was made
         old = json.loads((args.results / "cpu-planner-cost.json").read_text())

@@ -176,23 +176,6 @@ def stats_at(ckpt: dict, draws: int, candidates=("fp8", "fp4"), method: str = "a
                    calibration_batch(calibration_seed), candidates, StatsConfig(), config)
 
 
-def label_generator(seed: int, key: tuple[int, ...], device: torch.device) -> torch.Generator:
-    """The generator of the planner's Fisher draw `key` under `seed` (planner/divergence.py): a hash of both."""
-    h = seed
-    for k in key:
-        h = (h * 1_000_003 + k + 1) % (2**61 - 1)
-    return torch.Generator(device=device).manual_seed(h)
-
-
-def sample_labels(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """One label per row of `probs` [rows, classes] by inverting the row's CDF at a uniform, as the planner's Fisher
-    draws sample them: with `label_generator` these are its labels, so that a study's Gauss-Newton forms use the
-    draws the planner's LD used."""
-    cdf = probs.double().cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, generator=gen, device=probs.device, dtype=torch.float64)
-    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
-
-
 # ---------------------------------------------------------------------------------------------
 # numerics: runs of two machines are never paired
 # ---------------------------------------------------------------------------------------------

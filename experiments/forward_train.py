@@ -55,9 +55,9 @@ from torch.nn import functional as F
 from experiments import results
 from experiments.amplified_error import AmplifiedError
 from experiments.common import (CACHE, RUN, add_run_arguments, branch_config, calibration_batch, check_cache_numerics,
-                                checkpoint, continue_from, in_block, ints, label_generator, mean_se, model_at,
-                                sample_labels)
-from planner import DivergenceConfig, PlannedModel, StatsConfig, block_index, high_precision, lm_logits, measure
+                                checkpoint, continue_from, in_block, ints, mean_se, model_at)
+from planner import (DivergenceConfig, PlannedModel, StatsConfig, block_index, fisher_labels, high_precision, lm_logits,
+                     measure)
 from snip_ops import gemm as snip_gemm
 from snip_ops.formats import GemmRecipe, Rounding, recipe
 from snip_ops.module import layer_seed
@@ -313,7 +313,7 @@ def price_rows(args) -> list[dict]:
         for i, batch in enumerate(batches):  # one label draw per batch, from the model's own predictions
             with high_precision(layers):
                 logits = lm_logits(model, batch).flatten(0, -2).float()
-            labels = sample_labels(logits.detach().softmax(-1), label_generator(0, (i,), logits.device))
+            labels = fisher_labels(logits.detach().softmax(-1), 0, i)
             for f, g in zip(fisher, torch.autograd.grad(F.cross_entropy(logits, labels), params)):
                 f += logits.shape[0] * g.float().pow(2) / len(batches)
         beta2, eps = opt.param_groups[0]["betas"][1], opt.param_groups[0]["eps"]

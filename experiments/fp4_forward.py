@@ -12,8 +12,7 @@ import dataclasses
 import torch
 from torch.nn import functional as F
 
-from experiments.common import label_generator, sample_labels
-from planner import DivergenceConfig, LayerStats, PlannerStats, high_precision, lm_logits
+from planner import DivergenceConfig, LayerStats, PlannerStats, fisher_labels, high_precision, lm_logits
 from snip_ops import LinearPrecision
 from snip_train.state import set_sr_counters, sr_counters
 
@@ -82,7 +81,7 @@ def structured_ld(model, layers, batch, draws: int, seed: int = 0) -> dict[str, 
     names = list(layers)
     out = {n: 0.0 for n in names}
     for d in range(draws):
-        labels = sample_labels(probs, label_generator(seed, (d,), probs.device))
+        labels = fisher_labels(probs, seed, d)
         grads = torch.autograd.grad(F.cross_entropy(logits, labels), [outputs[n] for n in names],
                                     retain_graph=d + 1 < draws)
         for n, g in zip(names, grads):

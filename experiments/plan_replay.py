@@ -86,7 +86,7 @@ class Mix:
 
 # A change's GEMMs: (layer FQN pattern, GEMMs, the precision they get in the first plan). Block 0 is the embedding's
 # neighbour, whose backward GEMMs SNIP's early plans keep in FP8; the deeper blocks' forward GEMMs are what LD alone
-# keeps instead (README, "Which plan decides a branch").
+# keeps instead (docs/planner-evidence.md, "Which plan decides a branch").
 MOVED_GEMMS = {"bwd_fp4": (r"\.layers\.\d+\.", ("dgrad", "wgrad"), "fp4"),
                "block0_bwd_fp4": (r"\.layers\.0\.", ("dgrad", "wgrad"), "fp4"),
                "deep_fwd_fp4": (r"\.layers\.(?!0\.)\d+\.", ("fprop",), "fp4")}

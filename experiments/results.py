@@ -14,49 +14,13 @@ from __future__ import annotations
 import fcntl
 import json
 import lzma
-import os
-import platform
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import torch
+from bench.run_record import run_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 RUNS_SUFFIX = ".runs.json.xz"
-
-
-def command() -> str:
-    """This process's command line as it reproduces the result: `python -m <module> <arguments>`, without the
-    --results directory (where the files went is not how they were made)."""
-    argv = list(sys.argv[1:])
-    if "--results" in argv:
-        del argv[argv.index("--results"):argv.index("--results") + 2]
-    spec = getattr(sys.modules["__main__"], "__spec__", None)
-    program = f"python -m {spec.name}" if spec is not None else f"python {Path(sys.argv[0]).name}"
-    return " ".join([program, *argv])
-
-
-def commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    except OSError:
-        return None
-    return out.stdout.strip() or None
-
-
-def machine() -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "loadavg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None}
-
-
-def provenance() -> dict:
-    """When, by which command, at which commit and on what machine a result is made."""
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command(), "commit": commit(),
-            "machine": machine()}
 
 
 def runs_path(summary: Path) -> Path:
@@ -96,7 +60,7 @@ def save(results: Path, stem: str, payload: dict, markdown: str) -> Path:
 def write(results: Path, name: str, payload: dict, markdown: str) -> Path:
     """A study's result: `payload` and the provenance as `results`/cpu-planner-<name>.json (its "runs" beside it),
     `markdown` under a heading that says how it was made as the .md."""
-    payload = {**provenance(), **payload}
+    payload = {**run_provenance(), **payload}
     heading = f"{payload['date']} | `{payload['command']}` | commit {payload['commit']} | {payload['machine']}"
     return save(results, f"cpu-planner-{name}", payload, f"# planner study: {name}\n\n{heading}\n\n{markdown}\n")
 

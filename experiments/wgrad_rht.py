@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from bench.run_record import run_provenance
 from experiments import results
 from snip_ops import gemm
 from snip_ops.formats import recipe
@@ -139,7 +140,7 @@ def main(argv=None) -> dict:
     if args.smoke:
         args.m, args.n, args.k, args.seeds = 64, 16, 16, [0, 1]
     torch.set_num_threads(1)
-    prov = results.provenance()
+    prov = run_provenance()
     rows = measure(args.kinds, args.seeds, args.m, args.n, args.k)
     md = report(rows, args, prov)
     results.save(args.results, "cpu-wgrad-rht",

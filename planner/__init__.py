@@ -27,7 +27,7 @@ _EXPORTS = {
     "Budget": "cost", "LayerShape": "cost", "MeasuredCost": "cost", "TheoreticalCost": "cost",
     "layer_shapes": "cost", "plan_metrics": "cost",
     "DivergenceConfig": "divergence", "PlannedModel": "divergence", "lm_logits": "divergence",
-    "measure": "divergence",
+    "fisher_labels": "divergence", "measure": "divergence",
     "DEFAULT_LAMBDA": "ilp", "InfeasibleBudget": "ilp", "plan_objective": "ilp", "solve": "ilp",
     "Plan": "plan",
     "PrecisionSchedule": "schedule",

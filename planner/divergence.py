@@ -209,6 +209,12 @@ def _sample(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
 
+def fisher_labels(probs: torch.Tensor, seed: int, draw: int) -> torch.Tensor:
+    """The labels of Fisher draw `draw` under `seed`: what LD's curvature backpropagates, so that a study's
+    Gauss-Newton forms can use the very draws the planner used."""
+    return _sample(probs, _generator(seed, (draw,), probs.device))
+
+
 class FisherDraws(NamedTuple):
     curvature: dict[str, float]                      # {layer: h_l}
     diagnostics: dict[str, float]
@@ -241,7 +247,7 @@ def _fisher_curvature(planned: PlannedModel, batch, rec: Recording, config: Dive
     h = {n: 0.0 for n in names}
     gn = {p: torch.zeros_like(p, dtype=torch.float32) for p in params}
     for d in range(config.draws):
-        labels = _sample(probs, _generator(config.seed, (d,), probs.device))
+        labels = fisher_labels(probs, config.seed, d)
         loss = F.cross_entropy(logits, labels)
         grads = torch.autograd.grad(loss, [outputs[n] for n in names] + list(params),
                                     retain_graph=d + 1 < config.draws, allow_unused=True)
