@@ -6,9 +6,9 @@ quantum `2^Q`, `Q = max(floor(log2|v|), emin) - man_bits`, by dropping `d = Q - 
 
 * RNE:   round half to even on the dropped bits;
 * TRUNC: drop them (toward zero);
-* SR:    R = `fmt.sr_bits` random bits (the top R bits of the element's Philox word) are added
-         just below the kept LSB -- i.e. to the top R dropped bits -- and the carry, if any, rounds
-         away from zero. Dropped bits below those R are truncated.
+* SR:    the element's R = `philox.SR_BITS` = 16 random bits are added just below the kept LSB --
+         i.e. to the top R dropped bits -- and the carry, if any, rounds away from zero. Dropped
+         bits below those R are truncated. R is the same for every format.
 
 Results above `max_finite` saturate to it (all modes). NaN stays NaN; +-Inf stays +-Inf in formats
 with Inf and becomes NaN otherwise (formats without NaN have no code for either: callers that
@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from .formats import ElementFormat, Rounding
+from .philox import SR_BITS
 
 __all__ = ["round_to_format", "encode", "decode"]
 
@@ -27,11 +28,12 @@ _EXPONENT_FIELD = 0x7F800000
 
 
 def round_to_format(
-    v: torch.Tensor, fmt: ElementFormat, rounding: Rounding, words: torch.Tensor | None = None
+    v: torch.Tensor, fmt: ElementFormat, rounding: Rounding, rand: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Round float32 `v` to the nearest values of `fmt` (as float32) under `rounding`.
 
-    `words` holds one 32-bit Philox word per element (int64, same shape) and is required for SR.
+    `rand` holds each element's SR_BITS-bit random value (int64 in [0, 2^16), same shape, from
+    `philox.element_bits` / `random_bits`) and is required for SR.
 
     Computed in float32 without leaving the value domain: the quantum `q = 2^Q` comes from v's
     exponent field (FP32 subnormals and zeros read as 0 and take the quantum of 2^emin), so
@@ -44,8 +46,8 @@ def round_to_format(
     if v.dtype != torch.float32:
         raise TypeError(f"round_to_format expects float32 values, got {v.dtype}")
     rounding = Rounding(rounding)
-    if rounding == Rounding.SR and (words is None or words.shape != v.shape):
-        raise ValueError("stochastic rounding needs one random word per element")
+    if rounding == Rounding.SR and (rand is None or rand.shape != v.shape):
+        raise ValueError("stochastic rounding needs one random value per element")
 
     # Inf/NaN give q = Inf, hence t = NaN, which stays NaN to the end (Inf is restored below).
     pow2_floor = (v.view(torch.int32) & _EXPONENT_FIELD).view(torch.float32)
@@ -56,11 +58,9 @@ def round_to_format(
     elif rounding == Rounding.TRUNC:
         k = torch.floor(t)
     else:
-        r_bits = fmt.sr_bits
         k = torch.floor(t)
-        top = torch.floor((t - k) * float(1 << r_bits))
-        rand = (words.to(torch.int64) >> (32 - r_bits)).to(torch.float32)
-        k = k + ((top + rand) >= float(1 << r_bits)).to(torch.float32)
+        top = torch.floor((t - k) * float(1 << SR_BITS))
+        k = k + ((top + rand.to(torch.float32)) >= float(1 << SR_BITS)).to(torch.float32)
     out = torch.copysign((k * q).clamp(max=fmt.max_finite), v)
     if fmt.has_inf:
         out = torch.where(torch.isinf(v), v, out)

@@ -90,16 +90,6 @@ class ElementFormat:
         return 2.0 ** (self.emin - self.man_bits)
 
     @property
-    def sr_bits(self) -> int:
-        """R, the number of random bits stochastic rounding adds below the kept mantissa.
-
-        R = 23 - man_bits: for any FP32 input that lands in the format's normal range the discarded
-        part has at most R bits, so SR is exactly unbiased there; in the subnormal range the rounding
-        probability is exact to 2^-R of a gap.
-        """
-        return 23 - self.man_bits
-
-    @property
     def has_nan(self) -> bool:
         return self.special != "none"
 

@@ -7,7 +7,7 @@ diagonal of random signs -- (T dy)^T (T x) = dy^T D H^T H D x = dy^T x exactly, 
 are mixed so that an outlier is spread over its group: the quantized T dy and T x lose less.
 
 Exact semantics (what any kernel must reproduce bit for bit):
-  * the signs: element j of the 16 is -1 where the top bit of Philox word j of
+  * the signs: element j of the 16 is -1 where the top bit of element j's 16 random bits under
     `(seed, gemm.operand_offset(offset, "rht"))` is set, else +1 (`rht_signs`); one draw per layer and
     step, shared by both operands and by every rank with the same seed;
   * the transform, in float32: M is zero-padded to a multiple of 16; each element is multiplied by
@@ -43,8 +43,8 @@ def padded_tokens(m: int, size: int = HADAMARD_SIZE) -> int:
 def rht_signs(seed: int, offset: int, size: int = HADAMARD_SIZE, device=None) -> torch.Tensor:
     """The random signs D (float32 +1/-1, [size]) for stream (seed, offset)."""
     _check_size(size)
-    words = philox.element_words(1, size, seed, offset, device=device).reshape(size)
-    return 1.0 - 2.0 * (words >> 31).to(torch.float32)
+    bits = philox.element_bits(1, size, seed, offset, device=device).reshape(size)
+    return 1.0 - 2.0 * (bits >> (philox.SR_BITS - 1)).to(torch.float32)
 
 
 def sign_mask(signs: torch.Tensor) -> int:

@@ -17,8 +17,9 @@ a regime the measurement does not cover. So the default stays FP32; pass `state_
 for the paper's setting where memory is what limits the run.
 
 Random bits: element `i` of parameter `k` (its position among all parameters of the optimizer,
-group by group) at step `t` takes the Philox word of index `i` (snip_ops/philox.py) under key
-`seed` and offset `t * 2^32 + 4 * k + stream`, stream 0 for the parameter, 1 for `m`, 2 for `v`.
+group by group) at step `t` takes the 16 random bits of index `i` (philox.random_bits: one Philox
+block per 8 consecutive indices) under key `seed` and offset `t * 2^32 + 4 * k + stream`, stream 0
+for the parameter, 1 for `m`, 2 for `v`.
 Every data-parallel rank with the same seed therefore rounds identically; an FSDP2 shard (a DTensor
 sharded along dim 0) uses the global indices of its elements, so sharded and unsharded runs draw
 the same bits.
@@ -49,7 +50,7 @@ import torch
 from . import _ext
 from .cast import round_to_format
 from .formats import BF16, Rounding
-from .philox import random_words
+from .philox import random_bits
 
 __all__ = ["AdamW", "AdamWScalars", "adamw_scalars", "adamw_step_reference", "philox_offset", "STATE_DTYPES"]
 
@@ -117,7 +118,7 @@ def _write_back(value: torch.Tensor, dest: torch.Tensor, sr: bool, seed: int, of
         return
     if sr:
         index = torch.arange(index_base, index_base + value.numel(), device=value.device).view(value.shape)
-        rounded = round_to_format(value, BF16, Rounding.SR, random_words(index, seed, offset))
+        rounded = round_to_format(value, BF16, Rounding.SR, random_bits(index, seed, offset))
     else:
         rounded = round_to_format(value, BF16, Rounding.RNE)
     dest.copy_(rounded)  # exact: `rounded` is on the BF16 grid (NaN becomes BF16's quiet NaN)

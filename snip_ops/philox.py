@@ -1,14 +1,16 @@
 """Philox4x32-10, the counter-based generator behind stochastic rounding.
 
-The random word of element `i` (its linear index in the logical, unpadded input tensor) under
-`(seed, offset)` is lane `i % 4` of
+Stochastic rounding reads SR_BITS = 16 random bits per element. Those of element `i` (its linear
+index in the logical, unpadded input tensor) under `(seed, offset)` are half `i % 2` (the low half
+for even `i`) of word `(i // 2) % 4` of
 
-    philox4x32_10(counter = (i // 4 mod 2^32, i // 2^34, offset mod 2^32, offset // 2^32),
+    philox4x32_10(counter = (i // 8 mod 2^32, i // 2^35, offset mod 2^32, offset // 2^32),
                   key     = (seed mod 2^32, seed // 2^32))
 
-so a CUDA thread that handles four consecutive elements computes one Philox block. The CPU
-reference, the CUDA kernels and every data-parallel rank that shares `(seed, offset)` draw the same
-bits. Written with int64 tensors so it runs anywhere torch does.
+so one Philox block (128 bits) serves eight consecutive elements, as a CUDA thread handling eight
+or more consecutive elements computes it. The CPU reference, the CUDA kernels and every
+data-parallel rank that shares `(seed, offset)` draw the same bits. Written with int64 tensors so it
+runs anywhere torch does.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import torch
 
 _MASK32 = 0xFFFFFFFF
+SR_BITS = 16
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
 ROUNDS = 10
@@ -49,28 +52,28 @@ def _check_seed_offset(seed: int, offset: int) -> None:
             raise ValueError(f"{name} must be in [0, 2^64), got {v}")
 
 
-def random_words(index: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
-    """The 32-bit random word (as int64 in [0, 2^32)) of each element linear index in `index`."""
+def _block_bits(blocks: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+    """[n, 8]: the eight 16-bit values (int64) of each Philox block in `blocks`, element order."""
+    zeros = torch.zeros_like(blocks)
+    out = philox4x32(
+        (blocks & _MASK32, blocks >> 32, zeros + (offset & _MASK32), zeros + (offset >> 32)),
+        (seed & _MASK32, seed >> 32),
+    )
+    words = torch.stack(out, dim=-1)
+    return torch.stack((words & 0xFFFF, words >> 16), dim=-1).reshape(*blocks.shape, 8)
+
+
+def random_bits(index: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+    """The SR_BITS-bit random value (int64 in [0, 2^16)) of each element linear index in `index`."""
     _check_seed_offset(seed, offset)
     index = index.to(torch.int64)
-    group = index >> 2
-    zeros = torch.zeros_like(group)
-    out = philox4x32(
-        (group & _MASK32, group >> 32, zeros + (offset & _MASK32), zeros + (offset >> 32)),
-        (seed & _MASK32, seed >> 32),
-    )
-    lane = index & 3
-    return torch.where(lane == 0, out[0], torch.where(lane == 1, out[1], torch.where(lane == 2, out[2], out[3])))
+    bits = _block_bits(index >> 3, seed, offset)
+    return torch.gather(bits, -1, (index & 7).unsqueeze(-1)).squeeze(-1)
 
 
-def element_words(rows: int, cols: int, seed: int, offset: int, device=None) -> torch.Tensor:
-    """Random words for a row-major [rows, cols] tensor, element (r, c) having index r * cols + c."""
+def element_bits(rows: int, cols: int, seed: int, offset: int, device=None) -> torch.Tensor:
+    """Random values for a row-major [rows, cols] tensor, element (r, c) having index r * cols + c."""
     _check_seed_offset(seed, offset)
     n = rows * cols
-    groups = torch.arange((n + 3) // 4, dtype=torch.int64, device=device)
-    zeros = torch.zeros_like(groups)
-    out = philox4x32(
-        (groups & _MASK32, groups >> 32, zeros + (offset & _MASK32), zeros + (offset >> 32)),
-        (seed & _MASK32, seed >> 32),
-    )
-    return torch.stack(out, dim=1).reshape(-1)[:n].reshape(rows, cols)
+    blocks = torch.arange((n + 7) // 8, dtype=torch.int64, device=device)
+    return _block_bits(blocks, seed, offset).reshape(-1)[:n].reshape(rows, cols)

@@ -16,7 +16,7 @@ Scale choice (docs/design.md §1), with amax the block's max |x| in float32:
 An all-zero block gets scale 1; a scale that underflows to 0 (subnormal amax) becomes the
 smallest positive float32, 2^-149 (E8M0: 2^-127). A block whose amax is NaN or Inf gets a NaN scale and all-zero codes,
 so it dequantizes to NaN: non-finite input never turns into finite numbers. Elements are
-`round_to_format(x / s)` (true division, saturating). SR words come from `philox.element_words`, the
+`round_to_format(x / s)` (true division, saturating). SR bits come from `philox.element_bits`, the
 index of an element being its linear index in the (unpadded, untransposed) input.
 """
 
@@ -184,16 +184,16 @@ def _quantize_values(x, spec, seed, offset, transpose, tensor_amax, checked):
         raise ValueError("quantize: input contains NaN or Inf (checked mode)")
     in_rows, in_cols = x.shape
     xf = x.float()
-    words = None
+    rand = None
     if spec.rounding == Rounding.SR:
-        words = philox.element_words(in_rows, in_cols, seed, offset, device=x.device)
+        rand = philox.element_bits(in_rows, in_cols, seed, offset, device=x.device)
     if transpose:  # contiguous: every later elementwise op and the block reshape run ~1.5x faster on it
         xf = xf.t().contiguous()
-        words = None if words is None else words.t().contiguous()
+        rand = None if rand is None else rand.t().contiguous()
     rows, cols = xf.shape
     tensor_scale = None
     if spec.scale == ScaleKind.NONE:
-        y = round_to_format(xf.contiguous(), spec.element, spec.rounding, words)
+        y = round_to_format(xf.contiguous(), spec.element, spec.rounding, rand)
         return y, None, None, None
     br, bc = block_shape(spec, (rows, cols))
     xp = _pad(xf, br, bc)
@@ -206,7 +206,7 @@ def _quantize_values(x, spec, seed, offset, transpose, tensor_amax, checked):
         raise ValueError("tensor_amax is only used by nvfp4 scaling")
     stored, s = block_scales(amax, spec, tensor_scale)
     s_el = _expand(s, br, bc, rows, cols)
-    y = round_to_format(xf / s_el, spec.element, spec.rounding, words)
+    y = round_to_format(xf / s_el, spec.element, spec.rounding, rand)
     if not bool(torch.isfinite(s).all()):
         y = torch.where(torch.isfinite(s_el), y, torch.zeros_like(y))
     return y, stored, s_el, tensor_scale

@@ -276,8 +276,7 @@ def adamw_(params, grads, exp_avgs, exp_avg_sqs, param_indices, index_bases, dec
     block_start = torch.zeros(n + 1, dtype=torch.int64)
     for i, g in enumerate(guarded):
         ptrs = [t.tensor.data_ptr() for t in g]
-        widths = [4 * t.tensor.element_size() for t in g]
-        vector_ok = index_bases[i] % 4 == 0 and all(p % w == 0 for p, w in zip(ptrs, widths))
+        vector_ok = index_bases[i] % 8 == 0 and all(p % 16 == 0 for p in ptrs)  # as adamw_op.cpp
         offset = (step << 32) | (param_indices[i] << 2)
         slots[i] = torch.tensor([*ptrs, params[i].numel(), index_bases[i], offset - (offset >> 63 << 64),
                                  int(vector_ok)])

@@ -29,7 +29,7 @@ def load() -> ctypes.CDLL:
     cxx, include = host_toolchain("the host twin needs a C++ compiler and the CUDA headers (cuda_fp8.h)")
 
     def build(out: Path) -> None:
-        cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", f"-I{ROOT / 'csrc'}",
+        cmd = [cxx, "-O2", "-march=native", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", f"-I{ROOT / 'csrc'}",
                f"-I{include}", str(SOURCES[0]), "-o", str(out)]
         subprocess.run(cmd, check=True, capture_output=True)
 
@@ -49,16 +49,16 @@ def block_scales(lib: ctypes.CDLL, amax_bits: np.ndarray, kind: str, elem: str, 
     return scale, stored
 
 
-def round_to_codes(lib: ctypes.CDLL, bits: np.ndarray, elem: str, words: np.ndarray | None = None):
+def round_to_codes(lib: ctypes.CDLL, bits: np.ndarray, elem: str, rand: np.ndarray | None = None):
     """(codes as uint32, decoded float32 values) of `round_to_code` for each float32 bit pattern;
-    stochastic rounding with one Philox word per element when `words` is given."""
+    stochastic rounding with one 16-bit random value per element when `rand` is given."""
     bits = np.ascontiguousarray(bits, dtype=np.uint32)
     codes = np.empty(bits.shape, np.uint32)
     values = np.empty(bits.shape, np.float32)
     ptr = np.ctypeslib.ndpointer
     lib.snip_round_to_codes.argtypes = [ptr(np.uint32), ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
                                         ptr(np.uint32), ptr(np.float32)]
-    w = None if words is None else np.ascontiguousarray(words, dtype=np.uint32)
+    w = None if rand is None else np.ascontiguousarray(rand, dtype=np.uint32)
     lib.snip_round_to_codes(bits, bits.size, ELEM[elem], None if w is None else w.ctypes.data, codes, values)
     return codes, values
 
@@ -81,3 +81,21 @@ def decode(lib: ctypes.CDLL, codes: np.ndarray, elem: str) -> np.ndarray:
     lib.snip_decode.argtypes = [ptr(np.uint32), ctypes.c_int64, ctypes.c_int, ptr(np.float32)]
     lib.snip_decode(codes, codes.size, ELEM[elem], out)
     return out
+
+
+def check_quotients(lib: ctypes.CDLL, sig_bits: int) -> tuple[int, float, float]:
+    """(mismatches, first x, first s) of the kernels' per-block `quotient` against IEEE division over
+    every x in [1, 2) with `sig_bits` significand bits and every float32 s in [1, 2)."""
+    fx, fs = ctypes.c_uint32(), ctypes.c_uint32()
+    lib.snip_check_quotients.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32)]
+    lib.snip_check_quotients.restype = ctypes.c_int64
+    bad = lib.snip_check_quotients(sig_bits, ctypes.byref(fx), ctypes.byref(fs))
+    as_float = lambda u: float(np.array([u.value], np.uint32).view(np.float32)[0])
+    return int(bad), as_float(fx), as_float(fs)
+
+
+def quotient(lib: ctypes.CDLL, x: float, s: float) -> np.float32:
+    """The kernels' `quotient(x, divisor_of(s))` of one element."""
+    lib.snip_quotient.argtypes = [ctypes.c_float, ctypes.c_float]
+    lib.snip_quotient.restype = ctypes.c_float
+    return np.float32(lib.snip_quotient(x, s))

@@ -23,7 +23,7 @@ from snip_ops import _ext, reference
 from snip_ops.cast import decode, encode, round_to_format
 from snip_ops.formats import E2M1, E4M3, E5M2, RECIPES, Rounding
 from snip_ops.optim import adamw_scalars, adamw_step_reference
-from snip_ops.philox import element_words
+from snip_ops.philox import element_bits
 from snip_ops.quantize import dequantize, quantize
 
 THREADS = (1, 2, 3)
@@ -92,7 +92,7 @@ def test_casts_and_philox_bits():
     x = _data(1)
 
     def compute():
-        out = [element_words(ROWS, COLS, seed=5, offset=9)]
+        out = [element_bits(ROWS, COLS, seed=5, offset=9)]
         for fmt in (E4M3, E5M2, E2M1):
             y = round_to_format(x, fmt, Rounding.RNE)
             out += [y, encode(y, fmt), decode(encode(y, fmt), fmt)]

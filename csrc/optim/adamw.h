@@ -17,7 +17,7 @@ struct TensorSlot {
   int64_t numel;
   int64_t index_base;    // global linear index of element 0 (an FSDP shard's offset; else 0)
   uint64_t offset;       // Philox offset of the parameter's write-back; m and v use offset + 1, + 2
-  int64_t vector_ok;     // index_base % 4 == 0 and every pointer aligned for 4-element accesses
+  int64_t vector_ok;     // index_base % 8 == 0 and every pointer 16-byte aligned (8-element accesses)
 };
 
 // The FP32 scalars of one step (snip_ops.optim.AdamWScalars).
@@ -38,7 +38,7 @@ cudaError_t launch_adamw(const TensorSlot* slots, const int64_t* block_start, in
                          cudaStream_t stream);
 #endif  // SNIP_WITH_CUDA
 
-// The same update on host memory (adamw_cpu.cpp): the kernel's arithmetic, group by group.
+// The same update on host memory (adamw_cpu.cpp): the kernel's arithmetic, Philox block by Philox block.
 void adamw_cpu(const TensorSlot* slots, int num_slots, const Scalars& s, uint64_t seed, bool param_bf16,
                bool state_bf16, bool sr);
 

@@ -1,7 +1,7 @@
-// snip_C::adamw_ on host memory: the CUDA kernel's loop (Philox group by Philox group) with the
-// same per-element arithmetic (adamw_math.cuh), parallel over groups. The optimizer uses it on the
-// CPU when the extension is built; it also lets CPU-only machines check the kernel's arithmetic
-// against the PyTorch reference bit for bit.
+// snip_C::adamw_ on host memory: the CUDA kernel's loop (Philox block by Philox block, 8 elements
+// each) with the same per-element arithmetic (adamw_math.cuh), parallel over Philox blocks. The
+// optimizer uses it on the CPU when the extension is built; it also lets CPU-only machines check the
+// kernel's arithmetic against the PyTorch reference bit for bit.
 #include <ATen/Parallel.h>
 
 #include "optim/adamw.h"
@@ -16,35 +16,37 @@ float load(const void* p, int64_t i) {
   else return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
 }
 
-// `word` null: FP32 as is, or BF16 rounded to nearest even.
+// FP32 as is; BF16 with SR from the bits of element j of Philox block `w` when `sr`, else rounded to
+// nearest even.
 template <typename T>
-void store(void* p, int64_t i, float x, const uint32_t* word) {
+void store(void* p, int64_t i, float x, bool sr, const quant::Words& w, int j) {
   if constexpr (sizeof(T) == 4) static_cast<float*>(p)[i] = x;
-  else static_cast<uint16_t*>(p)[i] = word ? bf16_sr(x, *word) : bf16_rne(x);
+  else static_cast<uint16_t*>(p)[i] = sr ? bf16_sr(x, quant::block_bits(w, j)) : bf16_rne(x);
 }
 
 template <typename P, typename S>
 void update(const TensorSlot& t, const Scalars& s, uint64_t seed, bool sr) {
   constexpr bool kStateBF16 = sizeof(S) == 2;
+  constexpr int kElems = quant::kElemsPerBlock;
   const bool param_sr = sizeof(P) == 2 && sr;
-  const int64_t begin = first_group(t), end = t.index_base + t.numel;
-  at::parallel_for(begin, begin + num_groups(t), 4096, [&](int64_t g_begin, int64_t g_end) {
-    for (int64_t group = g_begin; group < g_end; ++group) {
+  const int64_t begin = first_philox_block(t), end = t.index_base + t.numel;
+  at::parallel_for(begin, begin + num_philox_blocks(t), 2048, [&](int64_t pb_begin, int64_t pb_end) {
+    for (int64_t pb = pb_begin; pb < pb_end; ++pb) {
       quant::Words wp{}, wm{}, wv{};
-      if (param_sr) wp = quant::philox(uint64_t(group), seed, t.offset);
+      if (param_sr) wp = quant::philox(uint64_t(pb), seed, t.offset);
       if (kStateBF16) {
-        wm = quant::philox(uint64_t(group), seed, t.offset + 1);
-        wv = quant::philox(uint64_t(group), seed, t.offset + 2);
+        wm = quant::philox(uint64_t(pb), seed, t.offset + 1);
+        wv = quant::philox(uint64_t(pb), seed, t.offset + 2);
       }
-      for (int j = 0; j < 4; ++j) {
-        const int64_t gi = group * 4 + j;
+      for (int j = 0; j < kElems; ++j) {
+        const int64_t gi = pb * kElems + j;
         if (gi < t.index_base || gi >= end) continue;
         const int64_t i = gi - t.index_base;
         float p = load<P>(t.param, i), m = load<S>(t.exp_avg, i), v = load<S>(t.exp_avg_sq, i);
         adamw_element(p, load<P>(t.grad, i), m, v, s);
-        store<S>(t.exp_avg, i, m, kStateBF16 ? &wm.w[j] : nullptr);
-        store<S>(t.exp_avg_sq, i, v, kStateBF16 ? &wv.w[j] : nullptr);
-        store<P>(t.param, i, p, param_sr ? &wp.w[j] : nullptr);
+        store<S>(t.exp_avg, i, m, kStateBF16, wm, j);
+        store<S>(t.exp_avg_sq, i, v, kStateBF16, wv, j);
+        store<P>(t.param, i, p, param_sr, wp, j);
       }
     }
   });

@@ -21,14 +21,14 @@ SNIP_QM float sqrt_rn(float a) {
 
 constexpr uint16_t kBF16NaN = 0x7FFF;  // what the GPU's float -> bf16 conversion writes for NaN
 
-// cast.round_to_format(x, BF16, SR, word) as BF16 bits: add the word's top 16 bits (R = 16) to the
-// 16 bits below the kept mantissa and truncate (FP32 subnormals too: BF16 shares FP32's emin);
-// saturate at the largest finite BF16; Inf stays Inf.
-SNIP_QM uint16_t bf16_sr(float x, uint32_t word) {
+// cast.round_to_format(x, BF16, SR, rand) as BF16 bits: add the element's 16 random bits
+// (quant::element_bits) to the 16 bits below the kept mantissa and truncate (FP32 subnormals too:
+// BF16 shares FP32's emin); saturate at the largest finite BF16; Inf stays Inf.
+SNIP_QM uint16_t bf16_sr(float x, uint32_t rand) {
   const uint32_t u = quant::f2u(x), a = u & quant::kAbsMask;
   if (a > quant::kInfBits) return kBF16NaN;
   if (a == quant::kInfBits) return uint16_t(u >> 16);
-  uint32_t r = (a + (word >> 16)) & 0xFFFF0000u;
+  uint32_t r = (a + rand) & 0xFFFF0000u;
   if (r >= quant::kInfBits) r = 0x7F7F0000u;
   return uint16_t(((u & 0x80000000u) | r) >> 16);
 }
@@ -58,10 +58,12 @@ SNIP_QM void adamw_element(float& p, float g, float& m, float& v, const Scalars&
   p = sub_rn(p, mul_rn(div_rn(m, denom), s.step_size));
 }
 
-// Philox groups (4 consecutive global indices) a tensor's elements span, and the first of them.
-SNIP_QM int64_t first_group(const TensorSlot& t) { return t.index_base >> 2; }
-SNIP_QM int64_t num_groups(const TensorSlot& t) {
-  return t.numel <= 0 ? 0 : ((t.index_base + t.numel - 1) >> 2) - (t.index_base >> 2) + 1;
+// The Philox blocks (quant::kElemsPerBlock consecutive global indices each) a tensor's elements
+// span, and the first of them. The first and last are partial where the tensor (an FSDP shard)
+// starts or ends off a multiple of 8: the neighbouring shard draws the rest of their bits.
+SNIP_QM int64_t first_philox_block(const TensorSlot& t) { return t.index_base / quant::kElemsPerBlock; }
+SNIP_QM int64_t num_philox_blocks(const TensorSlot& t) {
+  return t.numel <= 0 ? 0 : (t.index_base + t.numel - 1) / quant::kElemsPerBlock - first_philox_block(t) + 1;
 }
 
 }  // namespace snip::optim

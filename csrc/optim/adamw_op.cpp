@@ -60,10 +60,10 @@ void adamw_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs
     TORCH_CHECK(param_indices[i] >= 0 && param_indices[i] < (int64_t(1) << 30), kOp,
                 "param_indices must be in [0, 2^30), got ", param_indices[i]);
     TORCH_CHECK(index_bases[i] >= 0, kOp, "index_bases must be >= 0, got ", index_bases[i]);
-    const int64_t pb = params[i].element_size() * 4, sb = exp_avgs[i].element_size() * 4;
-    const bool vector_ok = index_bases[i] % 4 == 0 && aligned(params[i].data_ptr(), pb) &&
-                           aligned(grads[i].data_ptr(), pb) && aligned(exp_avgs[i].data_ptr(), sb) &&
-                           aligned(exp_avg_sqs[i].data_ptr(), sb);
+    // The kernel's 8-element accesses: one uint4 (BF16) or two float4 (FP32) per Philox block.
+    const bool vector_ok = index_bases[i] % 8 == 0 && aligned(params[i].data_ptr(), 16) &&
+                           aligned(grads[i].data_ptr(), 16) && aligned(exp_avgs[i].data_ptr(), 16) &&
+                           aligned(exp_avg_sqs[i].data_ptr(), 16);
     slots[i] = optim::TensorSlot{params[i].data_ptr(),
                                  grads[i].data_ptr(),
                                  exp_avgs[i].data_ptr(),

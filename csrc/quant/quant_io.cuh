@@ -1,4 +1,4 @@
-// Device-side building blocks shared by the quantize kernels: input loads, Philox words of a run of
+// Device-side building blocks shared by the quantize kernels: input loads, the SR bits of a run of
 // elements, the codes of a run, and scale stores (plain or Blackwell layout).
 #pragma once
 #include <type_traits>
@@ -51,25 +51,44 @@ __device__ __forceinline__ void load_run(Run<T, N>& v, const T* row, int64_t c0,
 // |v| as a bit pattern with NaN clamped to Inf: block maxima are integer maxima, "non-finite" >= Inf.
 __device__ __forceinline__ uint32_t abs_bits(float v) { return min(f2u(v) & kAbsMask, kInfBits); }
 
-// SR words of the N elements (row, c0 .. c0+N-1) of a [rows, cols] input (N a multiple of 4). With
-// cols % 4 == 0 and c0 % 4 == 0 one Philox block serves 4 elements; otherwise the 4-element groups
-// straddle rows and each element takes its own lane. Words past `cols` are never used (their
-// elements are zero padding, which rounds to 0 whatever the word).
+// SR bits of the N elements (row, c0 .. c0+N-1) of a [rows, cols] input (N a multiple of 8), packed
+// two per word: element 2k's in the low half of w[k], element 2k+1's in the high half, which for a
+// run of whole Philox blocks is the blocks' words as they come. With cols % 8 == 0 and c0 % 8 == 0
+// one Philox block serves 8 elements; otherwise the blocks straddle rows and each element takes its
+// own. Bits past `cols` are never used (their elements are zero padding, which rounds to 0 whatever
+// the bits).
 template <int N>
-__device__ __forceinline__ void run_words(uint32_t (&w)[N], int64_t row, int64_t c0, int64_t cols, uint64_t seed,
-                                          uint64_t offset) {
+__device__ __forceinline__ void run_bits(uint32_t (&w)[N / 2], int64_t row, int64_t c0, int64_t cols, uint64_t seed,
+                                         uint64_t offset) {
+  static_assert(N % kElemsPerBlock == 0, "runs are whole Philox blocks");
   const uint64_t base = uint64_t(row) * uint64_t(cols) + uint64_t(c0);
-  if (cols % 4 == 0) {
+  if (cols % kElemsPerBlock == 0) {
 #pragma unroll
-    for (int g = 0; g < N / 4; ++g) {
-      const Words pw = philox((base >> 2) + g, seed, offset);
+    for (int g = 0; g < N / kElemsPerBlock; ++g) {
+      const Words pw = philox(base / kElemsPerBlock + g, seed, offset);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) w[4 * g + i] = pw.w[i];
+      for (int k = 0; k < 4; ++k) w[4 * g + k] = pw.w[k];
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < N; ++i) w[i] = c0 + i < cols ? element_word(base + i, seed, offset) : 0u;
+    for (int k = 0; k < N / 2; ++k) {
+      const uint32_t lo = c0 + 2 * k < cols ? element_bits(base + 2 * k, seed, offset) : 0u;
+      const uint32_t hi = c0 + 2 * k + 1 < cols ? element_bits(base + 2 * k + 1, seed, offset) : 0u;
+      w[k] = lo | (hi << 16);
+    }
   }
+}
+
+// Element i's SR bits from run_bits' packed words.
+template <int M>
+__device__ __forceinline__ uint32_t bits_of(const uint32_t (&w)[M], int i) {
+  return (i & 1) ? w[i >> 1] >> 16 : w[i >> 1] & 0xFFFFu;
+}
+
+// The divisor of a block scale for elements of type T: a reciprocal for 16-bit inputs (quant_math.cuh).
+template <typename T>
+__device__ __forceinline__ Divisor divisor_for(float s) {
+  return divisor_of(s, !std::is_same_v<T, float>);
 }
 
 // Codes of a run of N elements sharing one block scale, packed little-endian into 32-bit words
@@ -77,19 +96,20 @@ __device__ __forceinline__ void run_words(uint32_t (&w)[N], int64_t row, int64_t
 // A non-finite scale (NaN/Inf block) gives all-zero codes, as the reference does.
 template <Elem E, bool kSR, typename T, int N>
 __device__ __forceinline__ void run_codes(uint32_t (&out)[N * kCodeBits<E> / 32], const Run<T, N>& v, float s,
-                                          const uint32_t (&w)[N]) {
+                                          const uint32_t (&w)[N / 2]) {
   constexpr int kBits = kCodeBits<E>;
   constexpr int kPerWord = 32 / kBits;
 #pragma unroll
   for (int k = 0; k < N / kPerWord; ++k) out[k] = 0;
   if (!(fabsf(s) < INFINITY)) return;
+  const Divisor d = divisor_for<T>(s);
 #pragma unroll
   for (int i = 0; i < N; i += 2) {
-    const float a = div_rn(v[i], s), b = div_rn(v[i + 1], s);
+    const float a = quotient(v[i], d), b = quotient(v[i + 1], d);
     uint32_t c2;
     if constexpr (kSR) {
       constexpr Format F = format_of(E);
-      c2 = round_to_code(a, F, true, w[i]) | (round_to_code(b, F, true, w[i + 1]) << kBits);
+      c2 = round_to_code(a, F, true, bits_of(w, i)) | (round_to_code(b, F, true, bits_of(w, i + 1)) << kBits);
     } else {
       c2 = rne_codes2<E>(a, b);
     }

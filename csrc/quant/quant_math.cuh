@@ -100,9 +100,9 @@ SNIP_QM void mulhilo(uint32_t a, uint32_t m, uint32_t& hi, uint32_t& lo) {
 #endif
 }
 
-// The four words of counter block `group` (= element index / 4) under (seed, offset).
-SNIP_QM Words philox(uint64_t group, uint64_t seed, uint64_t offset) {
-  uint32_t c0 = uint32_t(group), c1 = uint32_t(group >> 32), c2 = uint32_t(offset), c3 = uint32_t(offset >> 32);
+// The four words of counter block `block` (= element index / 8) under (seed, offset).
+SNIP_QM Words philox(uint64_t block, uint64_t seed, uint64_t offset) {
+  uint32_t c0 = uint32_t(block), c1 = uint32_t(block >> 32), c2 = uint32_t(offset), c3 = uint32_t(offset >> 32);
   uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
 #pragma unroll
   for (int r = 0; r < 10; ++r) {
@@ -122,11 +122,19 @@ SNIP_QM Words philox(uint64_t group, uint64_t seed, uint64_t offset) {
   return Words{{c0, c1, c2, c3}};
 }
 
-// The word of element `index` (its linear index in the unpadded, untransposed input).
-SNIP_QM uint32_t element_word(uint64_t index, uint64_t seed, uint64_t offset) {
-  const Words w = philox(index >> 2, seed, offset);
-  const uint32_t lane = uint32_t(index & 3);
-  return lane == 0 ? w.w[0] : lane == 1 ? w.w[1] : lane == 2 ? w.w[2] : w.w[3];
+// Random bits per element that stochastic rounding reads (philox.SR_BITS), and elements per block.
+constexpr int kSRBits = 16;
+constexpr int kElemsPerBlock = 128 / kSRBits;
+
+// The SR bits of element j (0..7) of a block: the low half of word j / 2 for even j, the high half for odd j.
+SNIP_QM uint32_t block_bits(const Words& w, int j) {
+  const uint32_t word = (j >> 1) == 0 ? w.w[0] : (j >> 1) == 1 ? w.w[1] : (j >> 1) == 2 ? w.w[2] : w.w[3];
+  return (j & 1) ? word >> 16 : word & 0xFFFFu;
+}
+
+// The SR bits of element `index` (its linear index in the unpadded, untransposed input).
+SNIP_QM uint32_t element_bits(uint64_t index, uint64_t seed, uint64_t offset) {
+  return block_bits(philox(index >> 3, seed, offset), int(index & 7));
 }
 
 // ---- element formats (snip_ops/formats.py) ------------------------------------------------------
@@ -165,30 +173,34 @@ SNIP_QM_CONSTEXPR float max_finite_of(Elem e) {
 // is min(code, max_code) because codes are monotonic in the value.
 
 // The code (sign included) of float32 `v` in format `f`; `sr` selects stochastic rounding with the
-// top R = 23 - m bits of `word`.
-SNIP_QM uint32_t round_to_code(float v, const Format& f, bool sr, uint32_t word) {
+// kSRBits random bits `rand`.
+//
+// SR works on the fixed-point value t * 2^16 (t = |v| / q as above): v's significand (with its
+// implicit bit; FP32 subnormals have none and the exponent of field 1) shifted right by
+// R - 16 = 7 - m, plus E's distance below emin for the first binade and subnormal targets. Its low
+// 16 bits are floor(frac(t) 2^16), the dropped bits the reference reads (those below are truncated,
+// as the reference's floor does); adding rand and shifting out 16 bits is k + carry. All integer.
+SNIP_QM uint32_t round_to_code(float v, const Format& f, bool sr, uint32_t rand) {
   const uint32_t bits = f2u(v);
   const uint32_t sign = (bits >> 31) << f.sign_shift;
   const uint32_t abs_bits = bits & kAbsMask;
   if (abs_bits >= kInfBits) {  // reference: t = NaN -> NaN, except Inf kept where the format has it
     return sign | (abs_bits == kInfBits && f.inf_code ? f.inf_code : f.nan_code);
   }
-  const int efield = int(abs_bits >> 23) > f.emin_field ? int(abs_bits >> 23) : f.emin_field;
-  // 1 / q = 2^(m - E): a power of two whose exponent field stays in [1, 254] for every format here.
-  const float inv_q = u2f(uint32_t(254 + f.man_bits - efield) << 23);
-  const float t = mul_rn(u2f(abs_bits), inv_q);  // exact
-  float k;
-  if (!sr) {
-    k = rintf(t);  // half to even, as torch.round
+  const int efield_in = int(abs_bits >> 23);
+  const int efield = efield_in > f.emin_field ? efield_in : f.emin_field;
+  uint32_t k;
+  if (sr) {
+    const uint32_t sig = (abs_bits & 0x7FFFFFu) | (efield_in ? 0x800000u : 0u);
+    const int shift = (efield - (efield_in ? efield_in : 1)) + (7 - f.man_bits);
+    const uint32_t t16 = shift < 32 ? sig >> shift : 0u;
+    k = (t16 + rand) >> kSRBits;
   } else {
-    const int r_bits = 23 - f.man_bits;
-    const float two_r = u2f(uint32_t(127 + r_bits) << 23);
-    const float fl = floorf(t);
-    const float top = floorf(mul_rn(t - fl, two_r));        // the top R dropped bits, exact
-    const float rnd = float(word >> (32 - r_bits));         // exact: < 2^22
-    k = fl + ((top + rnd >= two_r) ? 1.0f : 0.0f);          // carry of the R-bit addition
+    // 1 / q = 2^(m - E): a power of two whose exponent field stays in [1, 254] for every format here.
+    const float inv_q = u2f(uint32_t(254 + f.man_bits - efield) << 23);
+    k = uint32_t(rintf(mul_rn(u2f(abs_bits), inv_q)));  // t exact; half to even, as torch.round
   }
-  const uint32_t code = (uint32_t(efield - f.emin_field) << f.man_bits) + uint32_t(k);
+  const uint32_t code = (uint32_t(efield - f.emin_field) << f.man_bits) + k;
   return sign | (code < f.max_code ? code : f.max_code);
 }
 
@@ -281,6 +293,49 @@ SNIP_QM float nvfp4_tensor_scale(float tensor_amax) {
   if (tensor_amax == 0.0f) return 1.0f;
   const float t = div_rn(tensor_amax, 448.0f * 6.0f);
   return (t == 0.0f && tensor_amax > 0.0f) ? u2f(1u) : t;
+}
+
+// ---- element / scale: x / s without a division per element ---------------------------------------
+//
+// Every element of a block is divided by the same scale s. With r = RN(1/s) computed once per block,
+// q0 = RN(x r), the remainder e = x - q0 s (exact, one fused multiply-add) and q1 = RN(q0 + e r)
+// (Markstein's correction) equal RN(x / s) whenever nothing underflows: |x| >= 2^-100 and a normal
+// quotient. That was checked on every pair of BF16 / FP16 significands and float32 scale significands
+// (tests/ops/test_quant_math_host.py), which is every such case, as the rounding then depends on the
+// significands only. Outside it, with s >= 2^-60, the true quotient is below 2^-40 in magnitude and
+// so is q1, with x's sign (copysign also keeps -0's): both round to a signed zero code in every format
+// and rounding here, so the codes still agree. Float32 inputs (whose significands were not
+// enumerated), NVFP4's T x values, and scales below 2^-60 or without a normal reciprocal divide.
+
+SNIP_QM float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+SNIP_QM float with_sign_of(float magnitude, float sign) {
+  return u2f((f2u(magnitude) & kAbsMask) | (f2u(sign) & ~kAbsMask));
+}
+
+struct Divisor {
+  float s;
+  float r;  // RN(1 / s), or 0: divide
+};
+
+// `reciprocal`: the elements are BF16 or FP16 values (the enumerated significands).
+SNIP_QM Divisor divisor_of(float s, bool reciprocal) {
+  const uint32_t b = f2u(s) & kAbsMask;
+  const bool ok = reciprocal && b >= 0x21800000u && b < 0x7E800000u;  // 2^-60 <= s < 2^126
+  return Divisor{s, ok ? div_rn(1.0f, s) : 0.0f};
+}
+
+// x / s, as the codes see it (above).
+SNIP_QM float quotient(float x, const Divisor& d) {
+  if (d.r == 0.0f) return div_rn(x, d.s);
+  const float q0 = mul_rn(x, d.r);
+  return with_sign_of(fma_rn(fma_rn(-q0, d.s, x), d.r, q0), x);
 }
 
 // ---- scale layout --------------------------------------------------------------------------------

@@ -8,10 +8,10 @@
 // Work split: the row output goes strip by strip (one row, or the rows of a 2-D block), the column
 // output (codes of x^T) block of rows of x by block of rows; both read x row by row, so every inner
 // loop runs along contiguous memory, and codes of x^T are gathered in a small tile and leave as
-// contiguous rows of x^T. The SR word of element (r, c) is lane i % 4 of Philox block i / 4,
-// i = r * cols + c, for both outputs (each with its own offset): where a row's indices start on a
-// multiple of 4 (cols % 4 == 0) every Philox block serves 4 elements, as in the kernels. Strips are
-// independent, so the results do not depend on the number of threads (at::parallel_for).
+// contiguous rows of x^T. The SR bits of element (r, c) are element_bits(i), i = r * cols + c, for
+// both outputs (each with its own offset): one Philox block serves the 8 elements of indices
+// 8b .. 8b+7, as in the kernels. Strips are independent, so the results do not depend on the number
+// of threads (at::parallel_for).
 #include "quant/quantize_host.h"
 
 #include <algorithm>
@@ -61,26 +61,22 @@ void load(const Args& a, int64_t r, int64_t c0, int64_t n, float* v) {
   std::fill(v + real, v + n, 0.0f);
 }
 
-// The SR words of the n elements with linear indices first .. first+n-1 (of the unpadded x).
-void words(uint64_t first, int64_t n, uint64_t seed, uint64_t offset, uint32_t* w) {
+// The SR bits of the n elements with linear indices first .. first+n-1 (of the unpadded x).
+void sr_bits(uint64_t first, int64_t n, uint64_t seed, uint64_t offset, uint32_t* w) {
   if (n <= 0) return;
-  const uint64_t g0 = first >> 2;
-  const int64_t lead = int64_t(first & 3);
-  const int64_t groups = int64_t(((first + uint64_t(n) - 1) >> 2) - g0 + 1);
-  if (lead == 0 && n % 4 == 0) {
-    for (int64_t g = 0; g < groups; ++g) std::memcpy(w + 4 * g, philox(g0 + g, seed, offset).w, 16);
-    return;
-  }
-  for (int64_t g = 0; g < groups; ++g) {
-    const Words p = philox(g0 + g, seed, offset);
-    for (int64_t l = 0; l < 4; ++l) {
-      const int64_t i = 4 * g + l - lead;
-      if (i >= 0 && i < n) w[i] = p.w[l];
+  const uint64_t b0 = first / kElemsPerBlock;
+  const int64_t lead = int64_t(first % kElemsPerBlock);
+  const int64_t blocks = int64_t((first + uint64_t(n) - 1) / kElemsPerBlock - b0 + 1);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const Words p = philox(b0 + b, seed, offset);
+    for (int j = 0; j < kElemsPerBlock; ++j) {
+      const int64_t i = kElemsPerBlock * b + j - lead;
+      if (i >= 0 && i < n) w[i] = block_bits(p, j);
     }
   }
 }
 
-// One code per byte (sign included) of n elements sharing the finite scale s; w: their SR words.
+// One code per byte (sign included) of n elements sharing the finite scale s; w: their SR bits.
 template <Elem E, bool kSR>
 SNIP_VECTORIZED void codes(const float* __restrict v, int64_t n, float s, const uint32_t* __restrict w,
                            uint8_t* __restrict out) {
@@ -148,7 +144,7 @@ void quantize_rows(const Args& a, float ts) {
       }
       for (int64_t r = r0; r < r1; ++r) {
         if (br > 1) load<T>(a, r, 0, width, v.data());  // 1-D blocks: v still holds row r
-        if constexpr (kSR) words(uint64_t(r) * uint64_t(a.cols), std::min(a.cols, width), a.seed, o.offset, w.data());
+        if constexpr (kSR) sr_bits(uint64_t(r) * uint64_t(a.cols), std::min(a.cols, width), a.seed, o.offset, w.data());
         for (int64_t k = 0; k * bc < o.inner_store; ++k) {
           uint8_t* ck = c.data() + k * bc;
           if (finite(scale[k])) {
@@ -205,7 +201,7 @@ void quantize_cols(const Args& a, float ts) {
         std::fill(tile.begin(), tile.end(), uint8_t(0));
         for (int64_t r = r0; r < r1; ++r) {
           load<T>(a, r, c0, nc, v.data());
-          if constexpr (kSR) words(uint64_t(r) * uint64_t(K) + uint64_t(c0), nc, a.seed, o.offset, w.data());
+          if constexpr (kSR) sr_bits(uint64_t(r) * uint64_t(K) + uint64_t(c0), nc, a.seed, o.offset, w.data());
           codes_each<E, kSR>(v.data(), nc, scale.data() + c0, kSR ? w.data() : nullptr, c.data());
           for (int64_t i = 0; i < nc; ++i) tile[i * b + (r - r0)] = c[i];
         }

@@ -3,9 +3,10 @@
 //
 // Work split: a thread owns 16 consecutive elements of a row, the B/16 threads of a block are
 // consecutive lanes (1, 2 or 8), so the block amax is 0, 1 or 3 xor-shuffles. Per element: one
-// 16-byte-vector load share, one IEEE divide, the rounding (hardware cvt for RNE where it exists,
-// the arithmetic of quant_math.cuh otherwise; SR adds one Philox4x32-10 block per 4 elements), and
-// one vector store share (16 bytes of FP8 or 8 bytes of FP4 codes per thread). Memory-bound by design.
+// 16-byte-vector load share, the quotient by the block scale (a multiply and two fused
+// multiply-adds for 16-bit inputs, an IEEE divide for float32; quant_math.cuh), the rounding
+// (hardware cvt for RNE where it exists, integer arithmetic otherwise; SR adds one Philox4x32-10 block
+// per 8 elements), and one vector store share (16 bytes of FP8 or 8 bytes of FP4 codes per thread).
 #include "kernel_launch.cuh"
 #include "quant/launch_dispatch.cuh"
 #include "quant/quant_io.cuh"
@@ -52,8 +53,8 @@ quantize_rows_kernel(const Args a, const bool vec_in, const bool vec_out) {
   if (t == 0 && a.tensor_scale != nullptr) *a.tensor_scale = ts;
   if (!live || c0 >= o.inner_store) return;
 
-  uint32_t w[kRun] = {};
-  if constexpr (kSR) run_words<kRun>(w, row, c0, a.cols, a.seed, o.offset);
+  uint32_t w[kRun / 2] = {};
+  if constexpr (kSR) run_bits<kRun>(w, row, c0, a.cols, a.seed, o.offset);
   uint32_t codes[kWords];
   run_codes<E, kSR>(codes, v, bs.s, w);
 

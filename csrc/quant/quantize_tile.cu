@@ -9,7 +9,7 @@
 // Block maxima: per thread over its patch, then xor-shuffles over the lanes that share a block
 // (lane bits 0-2 step rq, bits 3-4 step cc) and, for 128-long blocks, a shared-memory step across
 // the 4 warps that share them. Every code is computed in this row-major layout, so SR draws one
-// Philox block per 4 consecutive elements of a row, exactly the reference's counter blocks. Codes of
+// Philox block per patch row (8 consecutive elements of a row), exactly the reference's blocks. Codes of
 // x^T go to shared memory transposed (one 32-bit / 16-bit store per patch column, conflict-free
 // with the padded pitch) and leave as coalesced 32-bit stores along the rows of x^T.
 // __launch_bounds__(512, 2) caps registers at 64 so that two CTAs share an SM and one loads while
@@ -220,15 +220,19 @@ quantize_tile_kernel(const Args a, const Flags f) {
   }
 
   // ---- codes ----
+  // T x's values are float32 sums, outside the significands `quotient`'s reciprocal was checked on.
+  constexpr bool kColReciprocal = !kHad && !std::is_same_v<T, float>;
   // x^T codes of patch column i, rows 4rq .. 4rq+3 packed (row 4rq + j at bits j * kBits): one
   // shared-memory store per column once the patch is done.
   uint32_t tcol[kPatchCols] = {};
+  // SR goes row by row (a row's Philox blocks) and divides: keeping 8 column reciprocals as well
+  // spills registers under the 64-register cap. RNE goes column by column, one reciprocal at a time.
   // Both outputs draw the same bits when their offsets agree: one Philox stream then serves both.
   const bool same_bits = rows_out && a.row.offset == a.col.offset;
 #pragma unroll
   for (int j = 0; j < kPatchRows; ++j) {
-    uint32_t w[kPatchCols] = {};
-    if (kSR && rows_out && r0 + j < a.rows) run_words<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.row.offset);
+    uint32_t w[kPatchCols / 2] = {};
+    if (kSR && rows_out && r0 + j < a.rows) run_bits<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.row.offset);
     if (rows_out && r0 + j < a.rows && c0 < a.row.inner_store) {
       constexpr int kWords = kPatchCols * kBits / 32;
       uint32_t codes[kWords];
@@ -250,11 +254,11 @@ quantize_tile_kernel(const Args a, const Flags f) {
       if (cols_out) {
         // T x has a row for each row of the padded x (its SR index runs over them).
         const int64_t sr_rows = kHad ? a.col.inner_store : a.rows;
-        if (!same_bits && r0 + j < sr_rows) run_words<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.col.offset);
+        if (!same_bits && r0 + j < sr_rows) run_bits<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.col.offset);
 #pragma unroll
         for (int i = 0; i < kPatchCols; ++i)
           if (fabsf(cs[i]) < INFINITY)
-            tcol[i] |= round_to_code(div_rn(col_value(j, i), cs[i]), format_of(E), true, w[i]) << (j * kBits);
+            tcol[i] |= round_to_code(div_rn(col_value(j, i), cs[i]), format_of(E), true, bits_of(w, i)) << (j * kBits);
       }
     }
   }
@@ -262,11 +266,11 @@ quantize_tile_kernel(const Args a, const Flags f) {
   if constexpr (!kSR) {  // RNE: rows (j, j + 1) of a column share the scale, so convert them as a pair
 #pragma unroll
     for (int i = 0; i < kPatchCols; ++i) {
-      const float s = cs[i];
-      if (!(fabsf(s) < INFINITY)) continue;
+      if (!(fabsf(cs[i]) < INFINITY)) continue;
+      const Divisor d = divisor_of(cs[i], kColReciprocal);
 #pragma unroll
       for (int j = 0; j < kPatchRows; j += 2)
-        tcol[i] |= rne_codes2<E>(div_rn(col_value(j, i), s), div_rn(col_value(j + 1, i), s)) << (j * kBits);
+        tcol[i] |= rne_codes2<E>(quotient(col_value(j, i), d), quotient(col_value(j + 1, i), d)) << (j * kBits);
     }
   }
   // Bank check (words): FP8 (8cc + i) * 33 + rq, FP4 (8cc + i) * 17 + rq / 2 -> distinct per warp.

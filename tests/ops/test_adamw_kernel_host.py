@@ -1,8 +1,9 @@
 """The fused multi-tensor AdamW kernel (csrc/optim/adamw.cu) run on the CPU from its own source
 through the host shim (tests/cuda_host.py), against snip_ops.optim.adamw_step_reference bit for bit:
 the cases of tests/ops/test_optim_native.py (whose tensor helpers it uses), i.e. every param/state
-dtype pair, odd sizes, shard offsets that are not multiples of 4, unaligned views (the scalar path),
-edge values and many tensors in one launch (the block -> tensor search). The op's CPU device runs
+dtype pair, odd sizes, shard offsets that are not multiples of 8 (partial Philox blocks), unaligned
+views (the scalar path), edge values and many tensors in one launch (the block -> tensor search); and
+the SR bits against Philox4x32 itself (test_optim.check_sr_bits_pinned). The op's CPU device runs
 the separate host loop (adamw_cpu.cpp); this is the kernel itself."""
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 import cuda_host
 from snip_ops.optim import adamw_scalars, adamw_step_reference
+from test_optim import check_sr_bits_pinned
 from test_optim_native import _same_bits, _tensors
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -49,17 +51,22 @@ def test_edge_values(param_dtype):
     _assert_same(*_both([64, 9], param_dtype, torch.float32, special=True))
 
 
-def test_shard_offsets_not_multiple_of_four():
-    _assert_same(*_both([10, 4101, 7], torch.bfloat16, torch.bfloat16, bases=[3, 1 << 33, 4098]))
+def test_shard_offsets_not_multiple_of_eight():
+    _assert_same(*_both([10, 4101, 7, 4100], torch.bfloat16, torch.bfloat16, bases=[3, 1 << 33, 4098, 4]))
 
 
-def test_unaligned_views_use_the_scalar_path():
+def test_sr_bits_are_pinned_to_philox_blocks_of_eight():
+    check_sr_bits_pinned(lambda *a: cuda_host.adamw_(*a[:6], *a[6].as_tuple(), *a[7:], True))
+
+
+@pytest.mark.parametrize("skip", [1, 4])  # 2 or 8 bytes off the 16-byte alignment of the vector path
+def test_unaligned_views_use_the_scalar_path(skip):
     ps, gs, ms, vs = _tensors("cpu", [4099], torch.bfloat16, torch.float32)
-    views = [[t[1:] for t in lst] for lst in (ps, gs, ms, vs)]  # 2 bytes off 8-byte alignment
-    kp, km, kv = [views[0][0].clone()], [views[2][0].clone()], [views[3][0].clone()]
+    views = [[t[skip:] for t in lst] for lst in (ps, gs, ms, vs)]
+    km, kv = [views[2][0].clone()], [views[3][0].clone()]
     kp_base = torch.empty(4099, dtype=torch.bfloat16)
-    kp_base[1:] = kp[0]
-    kview = [kp_base[1:]]
+    kp_base[skip:] = views[0][0]
+    kview = [kp_base[skip:]]
     s = adamw_scalars(1e-2, 0.9, 0.999, 1e-8, 0.0, 1)
     adamw_step_reference(views[0], views[1], views[2], views[3], [0], [0], s, 1, 5, True)
     cuda_host.adamw_(kview, views[1], km, kv, [0], [0], *s.as_tuple(), 1, 5, True)

@@ -7,6 +7,7 @@ import torch
 
 from snip_ops.cast import decode, encode, round_to_format
 from snip_ops.formats import BF16, E2M1, E2M3, E3M2, E4M3, E5M2, FP16, Rounding, element_format, exmy
+from snip_ops.philox import SR_BITS
 
 # (format, numpy dtype used as oracle, torch dtype or None)
 ORACLES = [
@@ -64,9 +65,9 @@ def _round_by_bits(v, fmt, rounding, words=None):
     elif rounding == Rounding.TRUNC:
         up = torch.zeros_like(kept, dtype=torch.bool)
     else:
-        r = fmt.sr_bits
+        r = SR_BITS
         top = torch.where(shift >= r, rem >> (shift - r).clamp(0, 62), rem << (r - shift).clamp(0, 62))
-        up = (top + (words >> (32 - r))) >= (1 << r)
+        up = (top + words) >= (1 << r)
     magnitude = torch.ldexp((kept + up.to(torch.int64)).double(), q.double())
     magnitude = magnitude.clamp(max=fmt.max_finite).float()
     out = torch.where(bits < 0, -magnitude, magnitude)
@@ -84,7 +85,7 @@ def test_float32_cast_equals_the_integer_bit_rule(fmt, rounding):
         torch.tensor([0.0, -0.0, 1e-45, -1e-40, 3.4e38, float("inf"), float("-inf"), float("nan")]),
         decode(torch.arange(min(1 << fmt.bits, 1 << 16)), fmt),
     ]).float()
-    words = torch.randint(0, 2**32, v.shape, generator=gen, dtype=torch.int64)
+    words = torch.randint(0, 2**SR_BITS, v.shape, generator=gen, dtype=torch.int64)
     assert _same(round_to_format(v, fmt, rounding, words), _round_by_bits(v, fmt, rounding, words))
 
 
@@ -165,5 +166,5 @@ def test_element_format_names():
         exmy(9, 2)
     with pytest.raises(TypeError, match="float32"):
         round_to_format(torch.ones(2, dtype=torch.float64), E4M3, Rounding.RNE)
-    with pytest.raises(ValueError, match="random word"):
+    with pytest.raises(ValueError, match="random value"):
         round_to_format(torch.ones(2), E4M3, Rounding.SR)

@@ -14,6 +14,7 @@ from snip_ops import _ext
 from snip_ops.cast import round_to_format
 from snip_ops.formats import BF16, Rounding
 from snip_ops.optim import AdamW, adamw_scalars, adamw_step_reference, philox_offset
+from snip_ops.philox import philox4x32
 
 
 def _params(dtype, seed=0, shapes=((7, 13), (5,), (3, 4, 9))):
@@ -108,19 +109,61 @@ def test_reference_step_matches_its_definition_elementwise():
     m32 = m * s.beta1 + g.float() * s.one_minus_beta1
     v32 = v * s.beta2 + (g.float() * g.float()) * s.one_minus_beta2
     p32 = p.float() * s.decay - (m32 / (v32.double().sqrt().float() * s.inv_bias_correction2_sqrt + s.eps)) * s.step_size
-    from snip_ops.philox import element_words
+    from snip_ops.philox import element_bits
 
-    words = element_words(37, 11, 3, philox_offset(5, 0, 0))
-    expect = round_to_format(p32, BF16, Rounding.SR, words).to(torch.bfloat16)
+    rand = element_bits(37, 11, 3, philox_offset(5, 0, 0))
+    expect = round_to_format(p32, BF16, Rounding.SR, rand).to(torch.bfloat16)
     assert torch.equal(param.detach(), expect)
     assert torch.equal(opt.state[param]["exp_avg"], m32) and torch.equal(opt.state[param]["exp_avg_sq"], v32)
+
+
+def _sr_oracle(x32, index_base, seed, offset):
+    """BF16 SR of finite float32 `x32` at global indices index_base, index_base + 1, ..., from
+    Philox4x32 itself: element i's 16 bits are half i % 2 (low for even i) of word (i // 2) % 4 of
+    the block with counter (i // 8, offset); its BF16 bits the top half of (|x|'s bits + those 16)
+    with x's sign."""
+    i = torch.arange(index_base, index_base + x32.numel(), dtype=torch.int64)
+    block, zeros, mask = i // 8, torch.zeros_like(i), 0xFFFFFFFF
+    words = torch.stack(philox4x32((block & mask, block >> 32, zeros + (offset & mask), zeros + (offset >> 32)),
+                                   (seed & mask, seed >> 32)), dim=-1)
+    word = words.gather(-1, ((i // 2) % 4).unsqueeze(-1)).squeeze(-1)
+    rand = torch.where(i % 2 == 0, word & 0xFFFF, word >> 16)
+    bits = x32.flatten().view(torch.int32).to(torch.int64)
+    rounded = ((bits & 0x7FFFFFFF) + rand) & 0x7FFF0000  # finite and below BF16's max: no saturation
+    return (rounded | (bits & ~0x7FFFFFFF)).to(torch.int32).view(torch.float32).to(torch.bfloat16)
+
+
+def check_sr_bits_pinned(step_fn, bases=(0, 3, 4, 13, 2**33 + 5), n=50, step=3, seed=2**40 + 7):
+    """One SR step of BF16 params and moments through `step_fn(ps, gs, ms, vs, param_indices,
+    index_bases, scalars, step, seed)`, each written value checked against _sr_oracle of the FP32
+    results (the reference on FP32 copies of the same values) at the documented offsets. Bases off
+    a multiple of 8 start tensors inside a Philox block, and n = 50 ends each inside one."""
+    gen = torch.Generator().manual_seed(1)
+
+    def bf16(scale, sample=torch.randn):
+        return [(sample(n, generator=gen) * scale).to(torch.bfloat16) for _ in bases]
+
+    ps, gs, ms, vs = bf16(0.05), bf16(1.0), bf16(1e-3), bf16(1e-5, torch.rand)
+    f32 = [[t.float() for t in lst] for lst in (ps, gs, ms, vs)]
+    indices = list(range(3, 3 + len(bases)))
+    s = adamw_scalars(1e-3, 0.9, 0.95, 1e-8, 0.1, step)
+    adamw_step_reference(*f32, indices, list(bases), s, step, 0, False)
+    step_fn(ps, gs, ms, vs, indices, list(bases), s, step, seed)
+    for pos, (k, base) in enumerate(zip(indices, bases)):
+        for stream, (got, x32) in enumerate(((ps, f32[0]), (ms, f32[2]), (vs, f32[3]))):
+            expect = _sr_oracle(x32[pos], base, seed, philox_offset(step, k, stream))
+            assert torch.equal(got[pos], expect), f"param {k}, stream {stream}, index_base {base}"
+
+
+def test_reference_sr_bits_are_pinned_to_philox_blocks_of_eight():
+    check_sr_bits_pinned(lambda *a: adamw_step_reference(*a, True))
 
 
 def test_bf16_sr_write_back_is_exactly_unbiased():
     """E[SR(x)] = x over the whole 16-bit random space, for values between BF16 neighbours."""
     x = torch.tensor([1.0 + 2**-10, -3.0 - 2**-9 - 2**-20, 2**-130 + 2**-140, 0.1, -7.1e-3])
-    words = (torch.arange(2**16, dtype=torch.int64) << 16).view(-1, 1).expand(-1, x.numel())
-    r = round_to_format(x.expand(2**16, -1).contiguous(), BF16, Rounding.SR, words)
+    rand = torch.arange(2**16, dtype=torch.int64).view(-1, 1).expand(-1, x.numel())
+    r = round_to_format(x.expand(2**16, -1).contiguous(), BF16, Rounding.SR, rand)
     assert torch.equal(r.double().mean(0), x.double())
     assert torch.equal(r.to(torch.bfloat16).float(), r)  # on the BF16 grid
 

@@ -1,6 +1,7 @@
 """snip_C::adamw_ against snip_ops.optim.adamw_step_reference, bit for bit: every param/state dtype
-pair, odd sizes, shard offsets that are not multiples of 4, unaligned views, edge values, many
-tensors in one call, and the optimizer's dispatch. On "cuda" this is the fused multi-tensor kernel
+pair, odd sizes, shard offsets that are not multiples of 8 (partial Philox blocks), unaligned views,
+edge values, many tensors in one call, and the optimizer's dispatch; and the SR bits against
+Philox4x32 itself (test_optim.check_sr_bits_pinned). On "cuda" this is the fused multi-tensor kernel
 (marked gpu); on "cpu" the extension's host loop, which shares the kernel's arithmetic
 (csrc/optim/adamw_math.cuh) and runs wherever the extension is built."""
 
@@ -10,6 +11,7 @@ from torch import nn
 
 from snip_ops import _ext
 from snip_ops.optim import AdamW, adamw_scalars, adamw_step_reference
+from test_optim import check_sr_bits_pinned
 
 
 
@@ -76,20 +78,31 @@ def test_edge_values(dev, param_dtype):
             assert _same_bits(r, k)
 
 
-def test_shard_offsets_not_multiple_of_four(dev):
-    ref, ker = _both(dev, [10, 4101, 7], torch.bfloat16, torch.bfloat16, bases=[3, 1 << 33, 4098])
+def test_shard_offsets_not_multiple_of_eight(dev):
+    ref, ker = _both(dev, [10, 4101, 7, 4100], torch.bfloat16, torch.bfloat16, bases=[3, 1 << 33, 4098, 4])
     for r_list, k_list in zip(ref, ker):
         for r, k in zip(r_list, k_list):
             assert _same_bits(r, k)
 
 
-def test_unaligned_views_use_the_scalar_path(dev):
+def test_sr_bits_are_pinned_to_philox_blocks_of_eight(dev):
+    def step(ps, gs, ms, vs, indices, bases, s, step, seed):
+        moved = [[t.to(dev) for t in lst] for lst in (ps, gs, ms, vs)]
+        torch.ops.snip_C.adamw_(*moved, indices, bases, *s.as_tuple(), step, seed, True)
+        for lst, out in zip((ps, ms, vs), (moved[0], moved[2], moved[3])):
+            for t, o in zip(lst, out):
+                t.copy_(o)
+
+    check_sr_bits_pinned(step)
+
+
+@pytest.mark.parametrize("skip", [1, 4])  # 2 or 8 bytes off the 16-byte alignment of the vector path
+def test_unaligned_views_use_the_scalar_path(dev, skip):
     ps, gs, ms, vs = _tensors(dev, [4099], torch.bfloat16, torch.float32)
-    views = [[t[1:] for t in lst] for lst in (ps, gs, ms, vs)]
-    kp = [views[0][0].clone()]
+    views = [[t[skip:] for t in lst] for lst in (ps, gs, ms, vs)]
     kp_base = torch.empty(4099, dtype=torch.bfloat16, device=dev)
-    kp_base[1:] = kp[0]
-    kview = [kp_base[1:]]  # a contiguous view whose data pointer is 2 bytes off alignment
+    kp_base[skip:] = views[0][0]
+    kview = [kp_base[skip:]]  # a contiguous view whose data pointer is off alignment
     km, kv = [views[2][0].clone()], [views[3][0].clone()]
     s = adamw_scalars(1e-2, 0.9, 0.999, 1e-8, 0.0, 1)
     adamw_step_reference(views[0], views[1], views[2], views[3], [0], [0], s, 1, 5, True)

@@ -41,7 +41,7 @@ edge_tensor = partial(quant_cases.edge_tensor, device=DEV)
 # K % 16 == 0 takes the vector paths, odd K the scalar ones and per-element Philox (K % 4 != 0);
 # M and K around tile (128) and block edges. Every spec runs on SHAPES, the recipes' specs also on
 # BIG_SHAPES (the CPU reference, ~0.1-1 us per element, bounds the sizes).
-SHAPES = [(1, 1), (3, 130), (7, 129), (5, 16), (33, 1000), (130, 257)]
+SHAPES = [(1, 1), (3, 132), (7, 129), (5, 16), (33, 1000), (130, 257)]
 BIG_SHAPES = [(64, 4096), (257, 384), (300, 1040)]
 
 

@@ -5,7 +5,8 @@ compiled for the host, against the PyTorch reference (snip_ops.cast.round_to_for
   being 1 (the kernels divide by the block scale first, exactly as the reference does);
 * decoding of every code;
 * stochastic rounding on sampled inputs (every binade of each format, subnormal targets, ties, the
-  saturation edge) x every R-bit random word (the rule reads only a word's top R bits).
+  saturation edge) x every 16-bit random value, and on random float32 patterns;
+* the per-block division (`quotient`) against IEEE division on every 16-bit-float significand.
 """
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 import host_twin
 from snip_ops.cast import decode, encode, round_to_format
 from snip_ops.formats import E2M1, E4M3, E5M2, Rounding
+from snip_ops.philox import SR_BITS
 
 FORMATS = {"e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
 CHUNK = 1 << 20  # 4 MiB arrays: reused by the allocator, where 64 MiB ones would be mapped afresh each time
@@ -77,15 +79,51 @@ def _sr_inputs(fmt) -> np.ndarray:
 
 
 @pytest.mark.parametrize("elem", FORMATS)
-def test_stochastic_rounding_on_every_random_word(lib, elem):
+def test_stochastic_rounding_on_every_random_value(lib, elem):
     fmt = FORMATS[elem]
-    r = fmt.sr_bits
-    rng = np.random.default_rng(5)
-    tops = np.arange(1 << r, dtype=np.uint32) << np.uint32(32 - r)
-    words = tops | rng.integers(0, 1 << (32 - r), size=tops.size, dtype=np.uint32)  # the ignored low bits vary
+    rand = np.arange(1 << SR_BITS, dtype=np.uint32)
     for v in _sr_inputs(fmt):
-        bits = np.full(words.size, np.float32(v).view(np.uint32), np.uint32)
-        codes, values = host_twin.round_to_codes(lib, bits, elem, words)
-        ref = round_to_format(_floats(bits), fmt, Rounding.SR, torch.from_numpy(words.view(np.int32)).to(torch.int64)
-                              & 0xFFFFFFFF)
+        bits = np.full(rand.size, np.float32(v).view(np.uint32), np.uint32)
+        codes, values = host_twin.round_to_codes(lib, bits, elem, rand)
+        ref = round_to_format(_floats(bits), fmt, Rounding.SR, torch.from_numpy(rand.astype(np.int64)))
         assert np.array_equal(values.view(np.uint32), ref.numpy().view(np.uint32)), (elem, float(v))
+
+
+@pytest.mark.parametrize("elem", FORMATS)
+def test_stochastic_rounding_on_random_float32(lib, elem):
+    """Every exponent field, random significands (the dropped bits below the 16 that SR reads vary)."""
+    fmt = FORMATS[elem]
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 0x7F800000, size=1 << 20, dtype=np.uint32)  # finite
+    bits |= rng.integers(0, 2, size=bits.size, dtype=np.uint32) << np.uint32(31)
+    rand = rng.integers(0, 1 << SR_BITS, size=bits.size, dtype=np.uint32)
+    codes, values = host_twin.round_to_codes(lib, bits, elem, rand)
+    ref = round_to_format(_floats(bits), fmt, Rounding.SR, torch.from_numpy(rand.astype(np.int64)))
+    assert np.array_equal(values.view(np.uint32), ref.numpy().view(np.uint32))
+
+
+def test_block_quotient_equals_division_for_bf16(lib):
+    """quant_math.cuh's `quotient` (one reciprocal per block, a corrected product per element) is
+    IEEE x / s for every BF16 significand x every float32 scale significand."""
+    assert host_twin.check_quotients(lib, 8) == (0, 0.0, 0.0)
+
+
+@pytest.mark.exhaustive
+def test_block_quotient_equals_division_for_fp16(lib):
+    assert host_twin.check_quotients(lib, 11) == (0, 0.0, 0.0)
+
+
+def test_block_quotient_edges(lib):
+    """Outside the enumerated domain the quotient is exact, or it and the true quotient are both below
+    2^-33 with x's sign, so that every format and rounding gives the same signed zero code."""
+    cases = [(0.0, 3.0), (-0.0, 3.0), (2.0**-120, 3.0), (-(2.0**-133), 0.7), (2.0**-101, 2.0**-60),
+             (-(2.0**-110), 2.0**-59), (1.0, 2.0**-127), (5.0, 2.0**127), (3.0, 2.0**-61), (1e-30, 1e10)]
+    for x, s in cases:
+        got, want = host_twin.quotient(lib, x, s), np.float32(x) / np.float32(s)
+        assert np.signbit(got) == np.signbit(want), (x, s)
+        assert got == want or (abs(got) < 2.0**-33 and abs(want) < 2.0**-33), (x, s, got, want)
+    for elem, fmt in FORMATS.items():  # such a tiny quotient gives the zero code under RNE and SR
+        tiny = np.array([np.float32(2.0**-33).view(np.uint32), np.float32(-(2.0**-33)).view(np.uint32)], np.uint32)
+        for rand in (None, np.full(2, (1 << SR_BITS) - 1, np.uint32)):
+            codes, _ = host_twin.round_to_codes(lib, tiny, elem, rand)
+            assert codes.tolist() == [0, 1 << (fmt.bits - 1)], (elem, rand)

@@ -1,4 +1,4 @@
-"""Stochastic rounding: exact unbiasedness over the whole R-bit random space, neighbours only,
+"""Stochastic rounding: exact unbiasedness over the whole 16-bit random space, neighbours only,
 determinism and stream separation."""
 
 import math
@@ -10,30 +10,32 @@ from snip_ops.cast import round_to_format
 from snip_ops.formats import BF16, E2M1, E4M3, E5M2, Rounding, exmy
 from snip_ops.reference import quantize
 from snip_ops.formats import QuantSpec, ScaleKind
+from snip_ops.philox import SR_BITS
 
 FORMATS = [E4M3, E5M2, E2M1, BF16, exmy(3, 2)]
 
 
-def _all_words(r_bits: int) -> torch.Tensor:
-    # Every R-bit value, placed in the top R bits of a 32-bit word (the bits SR reads).
-    return torch.arange(1 << r_bits, dtype=torch.int64) << (32 - r_bits)
+def _all_values() -> torch.Tensor:
+    return torch.arange(1 << SR_BITS, dtype=torch.int64)
 
 
 def _inputs(fmt, n=6, seed=0):
     gen = torch.Generator().manual_seed(seed)
     lo, hi = math.log2(fmt.min_normal), math.log2(fmt.max_finite)
     normal = torch.exp2(torch.empty(n).uniform_(lo, hi, generator=gen)) * torch.sign(torch.randn(n, generator=gen))
-    # target subnormals whose dropped part still fits in R bits (they sit on a 2^-R-of-a-quantum grid)
+    # values whose dropped part fits in 16 bits (they sit on a 2^-16-of-a-quantum grid)
+    quantum = 2.0 ** (torch.floor(torch.log2(normal.abs())).clamp(min=fmt.emin) - fmt.man_bits)
+    normal = torch.round(normal / quantum * 2**SR_BITS) * quantum * 2.0**-SR_BITS
     sub_q = fmt.min_subnormal
-    sub = torch.tensor([sub_q * 0.25, sub_q * 1.75, -sub_q * 0.5 + sub_q * 2.0 ** -fmt.sr_bits])
+    sub = torch.tensor([sub_q * 0.25, sub_q * 1.75, -sub_q * 0.5 + sub_q * 2.0**-SR_BITS])
     return torch.cat([normal, sub]).float()
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
 def test_sr_over_the_whole_random_bit_space(fmt):
-    """Enumerating all 2^R random values: E[SR(x)] == x exactly, results are the two neighbours of x,
-    and x rounds up with probability (x - down) / (up - down)."""
-    words = _all_words(fmt.sr_bits)
+    """Enumerating all 2^16 random values: E[SR(x)] == x exactly where the dropped part fits in 16
+    bits, results are the two neighbours of x, and x rounds up with probability (x - down) / (up - down)."""
+    words = _all_values()
     for v in _inputs(fmt).tolist():
         x = torch.full(words.shape, v, dtype=torch.float32)
         out = round_to_format(x, fmt, Rounding.SR, words)
@@ -48,7 +50,7 @@ def test_sr_over_the_whole_random_bit_space(fmt):
 
 
 def test_sr_exact_values_never_move():
-    words = torch.randint(0, 2**32, (256,), dtype=torch.int64)
+    words = torch.randint(0, 2**SR_BITS, (256,), dtype=torch.int64)
     for fmt in FORMATS:
         grid = torch.tensor([0.0, -0.0, fmt.min_subnormal, -fmt.min_normal, fmt.max_finite, 1.0]).float()
         x = grid.repeat(256 // 6 + 1)[:256]
@@ -56,16 +58,16 @@ def test_sr_exact_values_never_move():
 
 
 def test_sr_saturates_like_rne():
-    words = torch.full((2,), 0xFFFFFFFF, dtype=torch.int64)
+    words = torch.full((2,), 2**SR_BITS - 1, dtype=torch.int64)
     out = round_to_format(torch.tensor([447.9, -448.0]), E4M3, Rounding.SR, words)
     assert out.tolist() == [448.0, -448.0]
 
 
 def test_sr_deep_subnormal_truncates_below_r_bits():
-    # Far below the smallest subnormal the dropped part is longer than R: probability is kept to 2^-R.
+    # Far below the smallest subnormal the dropped part is longer than 16 bits: probability is kept to 2^-16.
     fmt = E4M3
-    words = _all_words(fmt.sr_bits)
-    tiny = fmt.min_subnormal * 2.0 ** -(fmt.sr_bits + 2)
+    words = _all_values()
+    tiny = fmt.min_subnormal * 2.0 ** -(SR_BITS + 2)
     out = round_to_format(torch.full(words.shape, tiny, dtype=torch.float32), fmt, Rounding.SR, words)
     assert (out == 0).all()
 

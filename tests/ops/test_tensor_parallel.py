@@ -210,13 +210,18 @@ def test_megatron_mlp_with_sequence_parallel_trains_like_one_process():
     for precision in ("fp4", "nvfp4"):
         single, sharded = r0[precision]["single"], r0[precision]["sharded"]
         assert sharded == r1[precision]["sharded"]  # every rank computes the same loss
-        # The first loss only differs through the rowwise fprop's split reduction over F; later ones also
-        # through the weights, whose gradients differ in the split dgrad. The tolerance is that one
-        # reduction's bound, relative to the loss (measured: 1.2e-7 at most, the bound is 3.1e-5): a
-        # rounding that lands on the other side of a code boundary could exceed it, never silently.
+        # The first loss only differs through the rowwise fprop's split reduction over F: within that
+        # reduction's bound, relative to the loss. Later ones also differ through the weights, whose
+        # gradients differ in the split dgrad; there one element landing on the other side of a code
+        # boundary moves a quantized gradient by a whole code step, which no reduction bound covers.
+        # They are held to a tenth of the smallest change of the loss between two steps instead: a
+        # shard that computed the wrong thing (a missing reduction, a wrong slice) moves the loss by
+        # more than a step does.
         tolerance = split_reduction_bound(F, WORLD)
-        for a, b in zip(single, sharded):
-            assert abs(a - b) <= tolerance * abs(a), (precision, single, sharded)
+        assert abs(single[0] - sharded[0]) <= tolerance * abs(single[0]), (precision, single, sharded)
+        step_change = min(abs(a - b) for a, b in zip(single, single[1:]))
+        for a, b in zip(single[1:], sharded[1:]):
+            assert abs(a - b) <= 0.1 * step_change, (precision, single, sharded)
 
 
 def test_block_checks_name_the_layer_the_shard_and_the_block():
