@@ -79,17 +79,15 @@ __device__ __forceinline__ void run_bits(uint32_t (&w)[N / 2], int64_t row, int6
   }
 }
 
-// Element i's SR bits from run_bits' packed words.
+// Element i's SR bits from run_bits' packed words (i a compile-time index after unrolling;
+// quant_math.cuh's block_bits takes a runtime one).
 template <int M>
 __device__ __forceinline__ uint32_t bits_of(const uint32_t (&w)[M], int i) {
   return (i & 1) ? w[i >> 1] >> 16 : w[i >> 1] & 0xFFFFu;
 }
 
-// The divisor of a block scale for elements of type T: a reciprocal for 16-bit inputs (quant_math.cuh).
-template <typename T>
-__device__ __forceinline__ Divisor divisor_for(float s) {
-  return divisor_of(s, !std::is_same_v<T, float>);
-}
+// Inputs of type T take quotient's reciprocal: BF16 and FP16, whose significands were enumerated.
+template <typename T> constexpr bool kReciprocalChecked = !std::is_same_v<T, float>;
 
 // Codes of a run of N elements sharing one block scale, packed little-endian into 32-bit words
 // (FP8: byte i = element i; FP4: nibble i = element i, i.e. element 2j in the low nibble of byte j).
@@ -102,7 +100,7 @@ __device__ __forceinline__ void run_codes(uint32_t (&out)[N * kCodeBits<E> / 32]
 #pragma unroll
   for (int k = 0; k < N / kPerWord; ++k) out[k] = 0;
   if (!(fabsf(s) < INFINITY)) return;
-  const Divisor d = divisor_for<T>(s);
+  const Divisor d = divisor_of(s, kReciprocalChecked<T>);
 #pragma unroll
   for (int i = 0; i < N; i += 2) {
     const float a = quotient(v[i], d), b = quotient(v[i + 1], d);

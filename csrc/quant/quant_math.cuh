@@ -126,7 +126,9 @@ SNIP_QM Words philox(uint64_t block, uint64_t seed, uint64_t offset) {
 constexpr int kSRBits = 16;
 constexpr int kElemsPerBlock = 128 / kSRBits;
 
-// The SR bits of element j (0..7) of a block: the low half of word j / 2 for even j, the high half for odd j.
+// The SR bits of element j (0..7) of a block: the low half of word j / 2 for even j, the high half for
+// odd j. Selects, not an index: j may be a runtime value, and an indexed register array would go
+// to local memory.
 SNIP_QM uint32_t block_bits(const Words& w, int j) {
   const uint32_t word = (j >> 1) == 0 ? w.w[0] : (j >> 1) == 1 ? w.w[1] : (j >> 1) == 2 ? w.w[2] : w.w[3];
   return (j & 1) ? word >> 16 : word & 0xFFFFu;

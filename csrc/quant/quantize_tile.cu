@@ -221,7 +221,7 @@ quantize_tile_kernel(const Args a, const Flags f) {
 
   // ---- codes ----
   // T x's values are float32 sums, outside the significands `quotient`'s reciprocal was checked on.
-  constexpr bool kColReciprocal = !kHad && !std::is_same_v<T, float>;
+  constexpr bool kColReciprocal = !kHad && kReciprocalChecked<T>;
   // x^T codes of patch column i, rows 4rq .. 4rq+3 packed (row 4rq + j at bits j * kBits): one
   // shared-memory store per column once the patch is done.
   uint32_t tcol[kPatchCols] = {};
