@@ -31,7 +31,6 @@ is the planner's measured cost table (planner.cost.MeasuredCost.from_json reads 
 
 from __future__ import annotations
 
-import zlib
 import sys
 import time
 
@@ -39,8 +38,7 @@ import torch
 
 from bench.gpu_bench import device_and_timer, timing_parser, write_device_result
 from snip_ops import _ext, autotune, gemm_kernels as gk
-from snip_ops.formats import recipe
-from snip_ops.quantize import quantize
+from snip_ops.gemm_timing import gemm_dims, layer_gemm_inputs, quantize_for_gemm
 
 SQUARE = [4096, 8192]
 LLAMA_TOKENS = 8192
@@ -63,25 +61,9 @@ def layers(quick: bool, smoke: bool = False):
     return out
 
 
-def gemm_dims(gemm: str, M: int, N: int, K: int) -> tuple[int, int, int]:
-    return {"fprop": (M, N, K), "dgrad": (M, K, N), "wgrad": (N, K, M)}[gemm]
-
-
 def operands(gemm: str, m: int, n: int, k: int, name: str, device: torch.device):
     """Quantized (a, b) of the GEMM, laid out as the linear layer produces them (docs/design.md §3)."""
-    r = recipe(name)
-    g = torch.Generator(device=device).manual_seed(zlib.crc32(f"{gemm}{m},{n},{k}".encode()))
-    if gemm == "wgrad":  # a = dy^T, b = x^T, 1x128 blocks along the token dimension k
-        dy, x = (torch.randn(k, d, device=device, generator=g, dtype=torch.bfloat16) for d in (m, n))
-        return quantize(dy, r.grad, transpose=True), quantize(x, r.act, transpose=True)
-    act = r.act if gemm == "fprop" else r.grad
-    a = quantize(torch.randn(m, k, device=device, generator=g, dtype=torch.bfloat16), act)
-    if gemm == "fprop":
-        b = quantize(torch.randn(n, k, device=device, generator=g, dtype=torch.bfloat16), r.weight)
-    else:  # dgrad: b = w^T, w [k, n] with 128x128 blocks (or 1-D blocks along n for MX/NV formats)
-        w = torch.randn(k, n, device=device, generator=g, dtype=torch.bfloat16)
-        b = quantize(w, r.weight).t() if r.weight.block == (128, 128) else quantize(w, r.weight, transpose=True)
-    return a, b
+    return quantize_for_gemm(gemm, name, *layer_gemm_inputs(gemm, m, n, k, device))
 
 
 def scaled_mm_baselines(a, b, m, n, k) -> dict[str, callable]:
@@ -126,7 +108,7 @@ def run(args) -> dict:
     sm100 = arch == (10, 0) and _ext.kernel_available("nvfp4_gemm_nt", "cuda")
     if not (sm90 or sm100 or args.smoke):
         print(f"bench_gemm: no snip GEMM kernel for {device} (sm_{arch[0]}{arch[1]}); timing baselines only", file=sys.stderr)
-    entries, baselines, configs = [], [], []
+    entries, baselines, configs, mismatches = [], [], [], []
     for label, M, N, K in layers(args.quick, args.smoke):
         for g in ("fprop", "dgrad", "wgrad"):
             m, n, k = gemm_dims(g, M, N, K)
@@ -154,10 +136,26 @@ def run(args) -> dict:
                 add(entries, "fp8", timer(lambda: op(ca, sfa, cb, sfb, bb, out_dtype)), f"snip CUTLASS sm90: {chosen}")
                 add(baselines, "fp8_qgemm", timer(lambda: gk.qgemm(a, b, out_dtype=out_dtype, path="sm90_fp8")),
                     "snip_ops.gemm_kernels.qgemm end to end (scale conversion + kernel)")
+                if g == "wgrad" and cb.shape[0] % 8 == 0:  # the weight gradient's other output modes, beside FP32 out
+                    grad = torch.zeros(m, cb.shape[0], device=dev, dtype=torch.float32)
+                    add(baselines, "fp8_wgrad_accumulate",
+                        timer(lambda: torch.ops.snip_C.fp8_gemm_nt_blockwise_acc(ca, sfa, cb, sfb, bb, grad)),
+                        "snip CUTLASS sm90: wgrad added into an FP32 gradient buffer by the epilogue (beta = 1)")
+                    add(baselines, "fp8_wgrad_bf16", timer(lambda: op(ca, sfa, cb, sfb, bb, torch.bfloat16)),
+                        "snip CUTLASS sm90: wgrad with BF16 output")
+                    del grad
                 if args.configs:  # the autotuner's candidates, so that its committed table comes from this file
                     kind = autotune.GemmKind("fp8_gemm_nt_blockwise", bb, str(out_dtype).removeprefix("torch."), False)
+                    reference = op(ca, sfa, cb, sfb, bb, out_dtype)
                     for cfg in filter(None, autotune.candidates(kind)):
+                        # as the autotuner: a config whose output differs from the heuristic's is a kernel
+                        # bug, recorded and never timed, so that no table can choose it
+                        if not autotune.same_bits(op(ca, sfa, cb, sfb, bb, out_dtype, None, cfg), reference):
+                            mismatches.append(dict(row, config=cfg))
+                            print(f"bench_gemm: config {cfg} differs from the heuristic's output on {row}", file=sys.stderr)
+                            continue
                         add(configs, f"fp8[{cfg}]", timer(lambda c=cfg: op(ca, sfa, cb, sfb, bb, out_dtype, None, c)), cfg)
+                    del reference
                 del ca, sfa, cb, sfb
                 # fp8_e5m2grad: its dgrad and wgrad multiply E5M2 gradients (kernels of their own), fprop as fp8
                 a5, b5 = operands(g, m, n, k, "fp8_e5m2grad", dev)
@@ -184,6 +182,7 @@ def run(args) -> dict:
         method="smoke run: one host-clocked call each" if args.smoke else
         f"CUDA events, L2 flushed before each call, median of {args.iters} after {args.warmup} warm-up calls",
         date=time.strftime("%Y-%m-%d %H:%M:%S"), entries=entries, baselines=baselines, configs=configs,
+        config_mismatches=mismatches,
         targets=targets(entries, baselines),
     )
 

@@ -137,22 +137,26 @@ class TheoreticalCost:
 
 @dataclass(frozen=True)
 class MeasuredCost:
-    """Measured GEMM times on one device, looked up by (m, n, k, format).
+    """Measured GEMM times on one device, looked up by (m, n, k, format) and, where the table says, the GEMM.
 
-    JSON (written by the GEMM microbenchmarks in bench/):
+    JSON (`snip cost` / snip_ops.gemm_timing.measure: each GEMM with its operands' quantization; the GEMM
+    microbenchmarks in bench/: the kernel alone):
         {"device": "NVIDIA H100", "unit": "s",
-         "entries": [{"m": 4096, "n": 4096, "k": 4096, "format": "fp8", "time": 1.9e-4}, ...]}
-    A shape missing from the table is priced from the entry of the same format with the nearest
-    FLOP count, scaled by the FLOP ratio (GEMM time grows about linearly with FLOPs at these sizes);
-    a format missing altogether is an error.
+         "entries": [{"m": 4096, "n": 4096, "k": 4096, "format": "fp8", "gemm": "wgrad", "time": 1.9e-4}, ...]}
+    "gemm" is optional: an entry without it prices that shape in any GEMM. A GEMM's price is its own
+    entry, else the shape's entry without a GEMM, else the entry of the same format (and the same GEMM,
+    where the table has any of it) with the nearest FLOP count, scaled by the FLOP ratio (GEMM time grows
+    about linearly with FLOPs at these sizes); a format missing altogether is an error.
     """
 
-    times: Mapping[tuple[int, int, int, str], float]
+    times: Mapping[tuple, float]  # (m, n, k, format) or (m, n, k, format, gemm) -> seconds
     device: str = "unknown"
     name: str = field(default="measured", init=False)
 
     def __post_init__(self):
         for key, t in self.times.items():
+            if len(key) not in (4, 5) or (len(key) == 5 and key[4] not in GEMMS):
+                raise ValueError(f"a measured GEMM time is keyed by (m, n, k, format[, gemm in {GEMMS}]), got {key!r}")
             if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
                 raise ValueError(f"measured GEMM time for {key} must be a positive number, got {t!r}")
 
@@ -160,7 +164,8 @@ class MeasuredCost:
     def from_json(cls, source: str | os.PathLike | Mapping) -> "MeasuredCost":
         obj = source if isinstance(source, Mapping) else json.loads(open(source).read())
         try:
-            times = {(int(e["m"]), int(e["n"]), int(e["k"]), str(e["format"])): float(e["time"])
+            times = {(int(e["m"]), int(e["n"]), int(e["k"]), str(e["format"]))
+                     + ((str(e["gemm"]),) if "gemm" in e else ()): float(e["time"])
                      for e in obj["entries"]}
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError("a GEMM time table is {'device': ..., 'entries': [{'m','n','k','format','time'}]}; "
@@ -170,19 +175,20 @@ class MeasuredCost:
         return cls(times, str(obj.get("device", "unknown")))
 
     def formats(self) -> set[str]:
-        return {f for (_, _, _, f) in self.times}
+        return {key[3] for key in self.times}
 
     def gemm_cost(self, layer: LayerShape, gemm: str, precision: str) -> float:
         m, n, k = gemm_shape(layer, gemm)
-        exact = self.times.get((m, n, k, precision))
-        if exact is not None:
-            return exact
+        for key in ((m, n, k, precision, gemm), (m, n, k, precision)):
+            if key in self.times:
+                return self.times[key]
         same = [(key, t) for key, t in self.times.items() if key[3] == precision]
         if not same:
             raise ValueError(f"the GEMM time table ({self.device}) has no entry for format {precision!r}; "
                              f"it has {sorted(self.formats())}")
+        same = [(key, t) for key, t in same if key[4:] == (gemm,)] or same
         flops = 2.0 * m * n * k
-        (em, en, ek, _), t = min(same, key=lambda kt: abs(math.log(2.0 * kt[0][0] * kt[0][1] * kt[0][2] / flops)))
+        (em, en, ek, *_), t = min(same, key=lambda kt: abs(math.log(2.0 * kt[0][0] * kt[0][1] * kt[0][2] / flops)))
         return t * flops / (2.0 * em * en * ek)
 
 

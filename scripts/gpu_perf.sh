@@ -6,12 +6,13 @@
 #      for this GPU's arch alone (SNIP_CUDA_ARCHS), under its own timeout;
 #   1. bench_linear: SnipLinear fp8 / fp4 / mixed against nn.Linear BF16 and torchao Float8Linear;
 #   2. bench_gemm --quick --configs: the GEMMs, with every compiled Hopper tile configuration;
-#   3. bench_quant --quick and 4. bench_optim gpu: the quantizer and the BF16+SR AdamW;
-#   5. bench_step: a training step of the 1b preset, eager and compiled (it takes what time is left,
+#   3. snip cost: the 1b preset's GEMMs with their quantization, FP8 configs tuned (the planner's table);
+#   4. bench_quant --quick and 5. bench_optim gpu: the quantizer and the BF16+SR AdamW;
+#   6. bench_step: a training step of the 1b preset, eager and compiled (it takes what time is left,
 #      and rewrites its result after every run, so a cut leaves what it measured).
 # Each step runs under a timeout: its own cap, or the time left before the deadline; a step that
-# fails or is cut does not stop the next. Results go to DIR/bench/results/<device>-{linear,gemm,quant,
-# optim,step}.json, with <device>-perf-summary.json (device, commit, date, build, each step's command,
+# fails or is cut does not stop the next. Results go to DIR/bench/results/<device>-{linear,gemm,cost,
+# quant,optim,step}.json, with <device>-perf-summary.json (device, commit, date, build, each step's command,
 # exit status and seconds) and <device>-perf-log.txt (every step's output).
 # Wheels the machine lacks (nvidia-cutlass for a build, torchao for its baselines: torchao==0.17.0
 # pairs with torch 2.11) travel in .whl/ at the repository root and are installed into a temporary
@@ -113,6 +114,8 @@ out() { echo "$results/$slug-$1.json"; }
 run_step linear 150 "$(out linear)" "$PY" -m bench.bench_linear "${smoke[@]}" --out "$(out linear)"
 # The GPU run's flags stay in the dry run (its smoke setting overrides the shapes), so they are checked too.
 run_step gemm 120 "$(out gemm)" "$PY" -m bench.bench_gemm --quick --configs "${smoke[@]}" --out "$(out gemm)"
+if [ $dry_run = 1 ]; then cost_shape=(--preset tiny --tokens 256 --device cpu); else cost_shape=(--preset 1b --tokens 8192); fi
+run_step cost 90 "$(out cost)" "$PY" -m snip_train cost "${cost_shape[@]}" --out "$(out cost)"
 run_step quant 90 "$(out quant)" "$PY" -m bench.bench_quant --quick "${smoke[@]}" --out "$(out quant)"
 run_step optim 90 "$(out optim)" "$PY" -m bench.bench_optim gpu "${smoke[@]}" --out "$(out optim)"
 run_step step 600 "$(out step)" "$PY" -m bench.bench_step "${smoke[@]}" --out "$(out step)"

@@ -32,10 +32,12 @@ or not), M rounded up to a power of two (token counts that vary reuse one choice
 sees them (padded).
 
 A candidate is kept only if it runs and its output is bit-identical to the heuristic's on the same
-operands: every config of one kind runs the same mainloop, each output element summing its K blocks in
-the same order with the same instructions (tile shape and order only decide which CTA computes it, and
-the persistent scheduler never splits K), so a different bit is a kernel bug, reported by a
-RuntimeWarning, never a rounding difference to tolerate.
+operands: every config of one kind computes each output element with the same arithmetic -- its K
+blocks in the same order, each block's wgmma sum promoted by the same FFMA -- whichever tile, order or
+mainloop (CUTLASS's, or the one that overlaps the promotion with the next block's wgmmas) computes it,
+and the persistent scheduler never splits K, so a different bit is a kernel bug, reported by a
+RuntimeWarning, never a rounding difference to tolerate. `bench_gemm --configs`, whose results the
+committed table is made from, applies the same test.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 __all__ = ["MODES", "GemmKind", "TuningKey", "TuningConfig", "Tuned", "configure", "current", "candidates",
-           "key_for", "choose", "tune", "table_lookup", "table_from_bench", "write_table", "default_cache_path",
+           "key_for", "choose", "tune", "same_bits", "table_lookup", "table_from_bench", "write_table", "default_cache_path",
            "cuda_event_timer", "device_slug", "device_name", "SNIP_VERSION"]
 
 MODES = ("off", "table", "tune")
@@ -133,26 +135,31 @@ def current() -> TuningConfig:
     return _current
 
 
-# The compiled sm_90a tiles per kind (csrc/gemm/fp8_gemm_nt_blockwise_op.cpp, kVariants): the ping-pong
-# 64x128 tile only for E4M3 x 128x128-blocked B with BF16 output, 128x128 (cooperative) everywhere.
-_SM90_TILES = {("fp8_gemm_nt_blockwise", 128, "bfloat16"): ("128x128", "64x128")}
+# The compiled sm_90a configurations per kind (csrc/gemm/fp8_gemm_nt_blockwise_op.cpp, kVariants) besides
+# the 128x128 cooperative tile with CUTLASS's mainloop, which every kind has: the ping-pong 64x128 tile
+# for E4M3 x 128x128-blocked B with BF16 output, and the overlapped-promotion mainloop
+# (csrc/gemm/sm90/overlapped_promotion_mainloop.cuh) for that kind and for wgrad's (1x128 B, FP32 out).
+_OVERLAPPED = "tile=128x128,promotion=overlapped"
+_SM90_EXTRA = {("fp8_gemm_nt_blockwise", 128, "bfloat16"): ("tile=64x128", _OVERLAPPED),
+               ("fp8_gemm_nt_blockwise", 1, "float32"): (_OVERLAPPED,)}
 
 
 def candidates(kind: GemmKind) -> tuple[str, ...]:
-    """The configs worth timing for `kind`, "" (the heuristic) first. Per compiled tile: as it is, and with
-    the tiles rastered along M and along N -- the orders that decide how operands are reused in L2 --
-    plus, for 128x128 only, swizzle 2: swizzling groups tiles of big grids, where 128x128 is the tile that
-    wins; the heuristic takes 64x128 for grids under about a wave, where there is little to group
-    (bench/results/nvidia-h200-gemm-configs.json has both tiles under each order). At most eight, so a
-    key tunes in a few hundred GEMMs. Only the Hopper kernels: the sm_100 one has not run on a GPU yet."""
+    """The configs worth timing for `kind`, "" (the heuristic) first. Per compiled configuration: as it is,
+    and with the tiles rastered along M and along N -- the orders that decide how operands are reused in
+    L2 -- plus, for CUTLASS's 128x128 only, swizzle 2: swizzling groups tiles of big grids, where 128x128
+    is the tile that wins; the heuristic takes 64x128 for grids under about a wave, where there is little
+    to group (bench/results/nvidia-h200-gemm-configs.json has both tiles under each order). At most
+    eleven, so a key tunes in a few hundred GEMMs. Only the Hopper kernels: the sm_100 one has not run on
+    a GPU yet."""
     if kind.kernel.endswith("_sm100"):
         return ("",)
-    tiles = _SM90_TILES.get((kind.kernel, kind.b_block, kind.out_dtype), ("128x128",))
+    configs = ("tile=128x128",) + _SM90_EXTRA.get((kind.kernel, kind.b_block, kind.out_dtype), ())
     out = [""]
-    for tile in tiles:
-        out += [f"tile={tile}", f"tile={tile},raster=m", f"tile={tile},raster=n"]
-        if tile == "128x128":
-            out.append(f"tile={tile},swizzle=2")
+    for config in configs:
+        out += [config, f"{config},raster=m", f"{config},raster=n"]
+        if config == "tile=128x128":
+            out.append(f"{config},swizzle=2")
     return tuple(out)
 
 
@@ -184,7 +191,8 @@ def cuda_event_timer(warmup: int = 3, reps: int = 10) -> Timer:
     return timer
 
 
-def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether two outputs are the same tensor bit for bit (dtype, shape and every byte)."""
     return (x.dtype == y.dtype and x.shape == y.shape
             and torch.equal(x.contiguous().reshape(-1).view(torch.uint8), y.contiguous().reshape(-1).view(torch.uint8)))
 
@@ -196,7 +204,7 @@ def tune(key: TuningKey, run: Runner, timer: Timer) -> Tuned:
     ms, skipped = {}, {}
     for config in candidates(key.kind):
         try:
-            if config and not _same_bits(run(config), reference):
+            if config and not same_bits(run(config), reference):
                 skipped[config] = "output differs from the heuristic's"
                 warnings.warn(f"snip_ops.autotune: {key.kind.kernel} with config {config!r} gives another result than "
                               f"its heuristic for {key.text()}; not used. Please report this with "

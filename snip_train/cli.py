@@ -5,7 +5,8 @@
 Subcommands live in the ``COMMANDS`` registry: each is a name, a one-line help, a function that
 adds its arguments to an ``argparse`` sub-parser, and a function that runs it and returns an exit
 code: ``train`` (here, with the planner flags of ``planning``), ``sweep`` (``stability.command``),
-``bench`` (the scripts of ``bench/``) and ``doctor`` (``doctor``: the kernels on this GPU).
+``bench`` (the scripts of ``bench/``), ``cost`` (``cost_command``: a measured GEMM cost table) and ``doctor``
+(``doctor``: the kernels on this GPU).
 
 User errors (``snip_train.errors.UsageError``: a bad flag value, an unreadable or malformed input file,
 incompatible flags, a checkpoint of another run, a GPU benchmark without a GPU) print one line,
@@ -339,12 +340,19 @@ def _plan_command() -> Command:
     return Command(PLAN_HELP, add_plan_arguments, run_plan_command, PLAN_DESCRIPTION)
 
 
+def _cost_command() -> Command:
+    from .cost_command import COST_HELP, add_cost_arguments, run_cost_command
+
+    return Command(COST_HELP, add_cost_arguments, run_cost_command)
+
+
 COMMANDS: dict[str, Command] = {
     "train": Command("train a small Llama-like model", _add_train_args, _run_train),
     "sweep": _sweep_command(),
     "plan": _plan_command(),
     "bench": Command("run a benchmark of bench/ (quant, gemm and optim gpu need a GPU); results go to "
                      "bench/results/", _add_bench_args, _run_bench),
+    "cost": _cost_command(),
     "doctor": Command("run every compiled kernel on this GPU against the reference and time it (builds "
                       "nothing; without a GPU it says so)", _add_doctor_args, _run_doctor),
 }

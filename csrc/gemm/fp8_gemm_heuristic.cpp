@@ -54,8 +54,15 @@ bool parse_fp8_gemm_config(const std::string& text, Fp8GemmOverride* out, std::s
         *error = "bad swizzle '" + val + "' (expected 1, 2, 4 or 8)";
         return false;
       }
+    } else if (key == "promotion") {
+      if (val == "serial") out->promotion = Promotion::kSerial;
+      else if (val == "overlapped") out->promotion = Promotion::kOverlapped;
+      else {
+        *error = "bad promotion '" + val + "' (expected serial or overlapped)";
+        return false;
+      }
     } else {
-      *error = "unknown config key '" + key + "' (expected tile, raster, swizzle)";
+      *error = "unknown config key '" + key + "' (expected tile, raster, swizzle, promotion)";
       return false;
     }
   }

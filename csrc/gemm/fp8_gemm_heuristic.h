@@ -21,13 +21,20 @@ struct Fp8GemmChoice {
   int swizzle = 1;
 };
 
-// Overrides parsed from a config string "tile=64x128,raster=m|n|auto,swizzle=1|2|4|8" (any subset,
-// in any order; a bare "64x128" means tile=64x128). Empty string: no override.
+// Which mainloop promotes the per-K-tile partial sums: CUTLASS's (waits for the tile's wgmmas) or
+// the overlapped one (sm90/overlapped_promotion_mainloop.cuh). The heuristic picks among the
+// serial variants only until GPU timings choose otherwise (snip_ops/autotune.py).
+enum class Promotion : int { kHeuristic = 0, kSerial = 1, kOverlapped = 2 };
+
+// Overrides parsed from a config string
+// "tile=64x128,raster=m|n|auto,swizzle=1|2|4|8,promotion=serial|overlapped" (any subset, in any
+// order; a bare "64x128" means tile=64x128). Empty string: no override.
 struct Fp8GemmOverride {
   int tile_m = 0, tile_n = 0;  // 0: heuristic
   bool has_raster = false;
   Raster raster = Raster::kHeuristic;
   int swizzle = 0;  // 0: heuristic
+  Promotion promotion = Promotion::kHeuristic;
 };
 // Returns false and sets *error on a malformed string.
 bool parse_fp8_gemm_config(const std::string& text, Fp8GemmOverride* out, std::string* error);

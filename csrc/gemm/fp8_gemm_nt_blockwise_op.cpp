@@ -22,10 +22,12 @@
 #if SNIP_HAS_SM90
 namespace snip::gemm::sm90 {
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x128;
+extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x128_overlapped;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_64x128;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_f32_128x128;
 extern const Fp8BlockwiseVariant kFp8Variant_b1_bf16_128x128;
 extern const Fp8BlockwiseVariant kFp8Variant_b1_f32_128x128;
+extern const Fp8BlockwiseVariant kFp8Variant_b1_f32_128x128_overlapped;
 extern const Fp8BlockwiseVariant kFp8Variant_e5m2_b128_bf16_128x128;
 extern const Fp8BlockwiseVariant kFp8Variant_e5m2_b128_f32_128x128;
 extern const Fp8BlockwiseVariant kFp8Variant_e5m2_b1_f32_128x128;
@@ -56,13 +58,17 @@ constexpr int64_t kScaleK = 128;
 
 // Every compiled instantiation. Only what the GEMMs of a linear layer need is compiled: a
 // combination without a BF16-output instantiation (E5M2 x 1x128, Blackwell 1x128) runs the FP32 one
-// into a temporary and casts it -- the same single rounding of the FP32 result.
+// into a temporary and casts it -- the same single rounding of the FP32 result. The overlapped-
+// promotion mainloop is compiled for the two kinds E4M3 training spends most GEMM time in (fprop and
+// dgrad: 128x128 B blocks, BF16 out; wgrad: 1x128, FP32 out) and is chosen only by a config.
 const Fp8BlockwiseVariant* const kVariants[] = {
 #if SNIP_HAS_SM90
     &gemm::sm90::kFp8Variant_b128_bf16_128x128,      &gemm::sm90::kFp8Variant_b128_bf16_64x128,
     &gemm::sm90::kFp8Variant_b128_f32_128x128,       &gemm::sm90::kFp8Variant_b1_bf16_128x128,
     &gemm::sm90::kFp8Variant_b1_f32_128x128,         &gemm::sm90::kFp8Variant_e5m2_b128_bf16_128x128,
     &gemm::sm90::kFp8Variant_e5m2_b128_f32_128x128,  &gemm::sm90::kFp8Variant_e5m2_b1_f32_128x128,
+    &gemm::sm90::kFp8Variant_b128_bf16_128x128_overlapped,
+    &gemm::sm90::kFp8Variant_b1_f32_128x128_overlapped,
 #endif
 #if SNIP_HAS_SM100
     &gemm::sm100::kFp8Variant_sm100_b128_bf16_256x128_2sm,
@@ -113,7 +119,9 @@ std::vector<const Fp8BlockwiseVariant*> variants_computing(const Kind& k, bool* 
 
 std::string tile_list(const std::vector<const Fp8BlockwiseVariant*>& vs) {
   std::string s;
-  for (const auto* v : vs) s += (s.empty() ? "" : ", ") + std::to_string(v->tile_m) + "x" + std::to_string(v->tile_n);
+  for (const auto* v : vs)
+    s += (s.empty() ? "" : ", ") + std::to_string(v->tile_m) + "x" + std::to_string(v->tile_n) +
+         (v->overlapped_promotion ? " (promotion=overlapped)" : "");
   return s;
 }
 
@@ -214,17 +222,25 @@ Choice pick_variant(const Kind& kind, int64_t m, int64_t n, int64_t k, const std
   gemm::Fp8GemmOverride ov;
   std::string err;
   TORCH_CHECK(gemm::parse_fp8_gemm_config(config, &ov, &err), kOp, "config '", config, "': ", err);
-  std::vector<gemm::TileCandidate> cands;
+  // The mainloop first (serial unless the config asks for the overlapped one), then the tile.
+  const bool overlapped = ov.promotion == gemm::Promotion::kOverlapped;
+  std::vector<const Fp8BlockwiseVariant*> mainloop_vs;
   for (const auto* v : vs)
+    if (v->overlapped_promotion == overlapped) mainloop_vs.push_back(v);
+  TORCH_CHECK(!mainloop_vs.empty(), kOp, "config '", config, "': promotion=overlapped is not compiled for b_block=",
+              kind.b_block, " and this a/output dtype on sm_", kind.arch, "a; compiled: ", tile_list(vs));
+  std::vector<gemm::TileCandidate> cands;
+  for (const auto* v : mainloop_vs)
     cands.push_back({v->tile_m, v->tile_n, v->cluster_m, v->cluster_n, v->tile_m == 64 ? 0.82 : 1.0});
   const auto choice = gemm::choose_fp8_gemm_config(int(m), int(n), int(k), cands, sms);
-  const Fp8BlockwiseVariant* v = vs[choice.candidate];
+  const Fp8BlockwiseVariant* v = mainloop_vs[choice.candidate];
   if (ov.tile_m) {
     v = nullptr;
-    for (const auto* c : vs)
+    for (const auto* c : mainloop_vs)
       if (c->tile_m == ov.tile_m && c->tile_n == ov.tile_n) v = c;
-    TORCH_CHECK(v, kOp, "config '", config, "': tile ", ov.tile_m, "x", ov.tile_n, " is not compiled for b_block=",
-                kind.b_block, " and this a/output dtype on sm_", kind.arch, "a; compiled: ", tile_list(vs));
+    TORCH_CHECK(v, kOp, "config '", config, "': tile ", ov.tile_m, "x", ov.tile_n,
+                overlapped ? " with promotion=overlapped" : "", " is not compiled for b_block=", kind.b_block,
+                " and this a/output dtype on sm_", kind.arch, "a; compiled: ", tile_list(vs));
   }
   if (args) {
     args->raster = ov.has_raster ? ov.raster : choice.raster;
@@ -352,6 +368,7 @@ std::string fp8_gemm_nt_blockwise_config(int64_t m, int64_t n, int64_t k, int64_
   const char* raster = args.raster == gemm::Raster::kAlongM ? "m" : args.raster == gemm::Raster::kAlongN ? "n" : "auto";
   return std::string(v->name) + " tile=" + std::to_string(v->tile_m) + "x" + std::to_string(v->tile_n) +
          " schedule=" + v->schedule + " raster=" + raster + " swizzle=" + std::to_string(args.swizzle) +
+         (v->overlapped_promotion ? " promotion=overlapped" : "") +
          (c.via_f32 ? " (FP32 output, cast)" : "");
 }
 

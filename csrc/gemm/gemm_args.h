@@ -71,6 +71,9 @@ struct Fp8BlockwiseVariant {
   const char* schedule;      // "cooperative" | "pingpong" | "2sm"
   size_t (*workspace_size)(const Fp8BlockwiseArgs&);
   LaunchResult (*run)(const Fp8BlockwiseArgs&, void* workspace, cudaStream_t stream);
+  // sm_90a: the scale promotion of K tile t runs while K tile t+1's wgmmas do
+  // (sm90/overlapped_promotion_mainloop.cuh); false: CUTLASS's, which waits for them. Same bits.
+  bool overlapped_promotion = false;
 };
 
 // ---- Blackwell block-scaled GEMMs (csrc/gemm/sm100) ---------------------------------------------

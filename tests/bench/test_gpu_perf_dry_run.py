@@ -1,6 +1,6 @@
 """scripts/gpu_perf.sh --dry-run: every step of the GPU performance run in its CPU smoke setting, so
 that a command or flag that would fail on the GPU machine fails here first. Output to a temporary
-directory; at most 8 files, what a GPU machine's output folder hands back."""
+directory; at most 9 files, what a GPU machine's output folder hands back."""
 
 import json
 import os
@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from planner.cost import MeasuredCost
+
 from snip_ops import _ext
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ["linear", "gemm", "quant", "optim", "step"]
+STEPS = ["linear", "gemm", "cost", "quant", "optim", "step"]
 
 
 @pytest.mark.skipif(not _ext.kernel_available("quantize", "cpu"),
@@ -26,12 +28,17 @@ def test_dry_run_writes_every_result(tmp_path):
     results = tmp_path / "bench" / "results"
     names = sorted(p.name for p in results.iterdir())
     expected = [f"cpu-smoke-run-{s}.json" for s in STEPS + ["perf-summary"]] + ["cpu-smoke-run-perf-log.txt"]
-    assert names == sorted(expected) and len(names) <= 8
+    assert names == sorted(expected) and len(names) <= 9
     summary = json.loads((results / "cpu-smoke-run-perf-summary.json").read_text())
     assert summary["dry_run"] and summary["device"] == "cpu (smoke run)" and summary["seconds"] <= summary["budget_s"]
     assert [s["step"] for s in summary["steps"]] == STEPS
     for s in summary["steps"]:
-        assert s["exit_status"] == 0 and s["output_written"] and "--smoke" in s["command"]
+        assert s["exit_status"] == 0 and s["output_written"]
+        if s["step"] == "cost":  # `snip cost` on the CPU: the tiny preset, a table the planner reads
+            assert "--preset tiny" in s["command"]
+            MeasuredCost.from_json(results / s["output"])
+            continue
+        assert "--smoke" in s["command"]
         assert json.loads((results / s["output"]).read_text())["device"] == "cpu (smoke run)"
     assert "--quick --configs" in summary["steps"][1]["command"]  # the GPU run's flags, checked here too
     assert "gpu_perf: step exit status 0" in (results / "cpu-smoke-run-perf-log.txt").read_text()

@@ -54,10 +54,18 @@ def tuning(tmp_path, kernel, times, name="cache.json"):
 
 def test_candidates_are_few_and_start_with_the_heuristic():
     both = autotune.candidates(FPROP)
-    assert both[0] == "" and len(both) <= 8 and len(set(both)) == len(both)
+    assert both[0] == "" and len(both) <= 11 and len(set(both)) == len(both)
     assert {c.split(",")[0] for c in both[1:]} == {"tile=128x128", "tile=64x128"}
+    overlapped = {c for c in both if "promotion=overlapped" in c}
+    assert overlapped == {"tile=128x128,promotion=overlapped", "tile=128x128,promotion=overlapped,raster=m",
+                          "tile=128x128,promotion=overlapped,raster=n"}
     for kind in (WGRAD, GemmKind("fp8_gemm_nt_blockwise_e5m2", 128, "bfloat16", True)):
         assert all("64x128" not in c for c in autotune.candidates(kind))  # only 128x128 is compiled there
+    # the overlapped mainloop is compiled for E4M3 fprop/dgrad (BF16 out) and wgrad (FP32 out) only
+    assert {c for c in autotune.candidates(WGRAD) if "overlapped" in c} == overlapped
+    for kind in (GemmKind("fp8_gemm_nt_blockwise_e5m2", 128, "bfloat16", False),
+                 GemmKind("fp8_gemm_nt_blockwise", 128, "float32", False)):
+        assert all("overlapped" not in c for c in autotune.candidates(kind))
     assert autotune.candidates(GemmKind("fp8_gemm_nt_blockwise_sm100", 128, "bfloat16", False)) == ("",)
 
 

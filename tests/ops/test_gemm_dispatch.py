@@ -611,6 +611,23 @@ def test_sm90_config_overrides():
     assert "tile=64x128" in cfg(8192, 8192, 8192, 128, torch.bfloat16, 132, "tile=64x128")
     assert "tile=64x128" in cfg(8192, 8192, 8192, 128, torch.bfloat16, 132, "64x128")
     assert "raster=n swizzle=4" in cfg(8192, 8192, 8192, 128, torch.bfloat16, 132, "raster=n,swizzle=4")
+    # the overlapped-promotion mainloop: only by config, for E4M3 with 128x128 B blocks and BF16 out, and wgrad's
+    # 1x128 B blocks with FP32 out
+    for m in (256, 8192):
+        assert "promotion" not in cfg(m, 8192, 8192, 128, torch.bfloat16, 132)
+        assert "promotion" not in cfg(m, 8192, 8192, 128, torch.bfloat16, 132, "promotion=serial")
+    got = cfg(256, 4096, 4096, 128, torch.bfloat16, 132, "promotion=overlapped,raster=m")
+    assert got.startswith("b128_bf16_128x128_overlapped tile=128x128") and got.endswith("raster=m swizzle=1 promotion=overlapped")
+    assert cfg(4096, 4096, 8192, 1, torch.float32, 132, "tile=128x128,promotion=overlapped").startswith(
+        "b1_f32_128x128_overlapped")
+    for args, match in [((128, torch.bfloat16, 132, "tile=64x128,promotion=overlapped"), "64x128 with promotion=overlapped"),
+                        ((128, torch.float32, 132, "promotion=overlapped"), "promotion=overlapped is not compiled"),
+                        ((1, torch.bfloat16, 132, "promotion=overlapped"), "promotion=overlapped is not compiled"),
+                        ((128, torch.bfloat16, 132, "promotion=fast"), "bad promotion")]:
+        with pytest.raises(RuntimeError, match=match):
+            cfg(4096, 4096, 4096, *args)
+    with pytest.raises(RuntimeError, match="promotion=overlapped is not compiled"):
+        cfg(4096, 4096, 4096, 128, torch.bfloat16, 132, "promotion=overlapped", 90, torch.float8_e5m2)
     for bad, match in [("tile=64x128", "not compiled"), ("tile=abc", "bad tile"), ("swizzle=3", "bad swizzle"),
                        ("raster=x", "bad raster"), ("speed=max", "unknown config key")]:
         with pytest.raises(RuntimeError, match=match):
@@ -715,7 +732,7 @@ def _sass_functions(arch: str) -> dict[str, str]:
 
 
 @needs_sm90_op
-@pytest.mark.parametrize("kernel, count, mma", [("fp8_gemm_nt_blockwise", 5, "E4M3.E4M3"),
+@pytest.mark.parametrize("kernel, count, mma", [("fp8_gemm_nt_blockwise", 7, "E4M3.E4M3"),
                                                 ("fp8_gemm_nt_blockwise_e5m2", 3, "E5M2.E4M3")])
 def test_sm90_sass_has_qgmma(kernel, count, mma):
     funcs = {n: b for n, b in _sass_functions("sm_90a").items() if f"{kernel}_kernel" in n}
@@ -723,6 +740,24 @@ def test_sm90_sass_has_qgmma(kernel, count, mma):
     for name, body in funcs.items():
         assert re.search(rf"\bQGMMA\.64x128x32\.F32\.{mma}\b", body), name
         assert not re.search(r"\b(STL|LDL)\b", body), f"register spills in {name}"
+
+
+@needs_sm90_op
+def test_sm90_sass_overlaps_the_promotion():
+    # The overlapped-promotion mainloop (csrc/gemm/sm90/overlapped_promotion_mainloop.cuh), in the binary: its
+    # loop waits for all wgmma groups but the newest (`WARPGROUP.DEPBAR.LE gsb0, 0x1`) and then promotes with
+    # FFMAs while that group runs; CUTLASS's mainloop always waits for every group (`0x0`).
+    funcs = {n: b for n, b in _sass_functions("sm_90a").items() if "fp8_gemm_nt_blockwise" in n}
+    overlapped = {n: b for n, b in funcs.items() if "OverlappedPromotionMainloop" in n}
+    assert len(overlapped) == 2, sorted(overlapped)  # b128 BF16 out and b1 FP32 out
+    for name, body in funcs.items():
+        waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[01])", body)
+        if name in overlapped:
+            assert "0x1" in waits, name
+            after = body.split("WARPGROUP.DEPBAR.LE gsb0, 0x1", 1)[1].split("QGMMA", 1)[0]
+            assert len(re.findall(r"\bFFMA\b", after)) >= 64, name  # a 64x128 warpgroup tile's partial sums
+        else:
+            assert waits and set(waits) == {"0x0"}, name
 
 
 @needs_sm100_ops

@@ -432,6 +432,24 @@ def test_measured_cost_table():
     assert is_fp4("nvfp4") and is_fp4("mxfp4") and not is_fp4("fp8") and not is_fp4("bf16")
 
 
+def test_measured_cost_table_keyed_by_gemm():
+    # A square layer's three GEMMs have one (m, n, k); a table with "gemm" prices each from its own entry,
+    # and a shape it lacks from the nearest entry of the same GEMM (wgrad's kernel is not fprop's).
+    layer = LayerShape("sq", 512, 512, 512)
+    table = MeasuredCost.from_json({"entries": [
+        {"m": 512, "n": 512, "k": 512, "format": "fp8", "gemm": "fprop", "time": 1.0},
+        {"m": 512, "n": 512, "k": 512, "format": "fp8", "gemm": "dgrad", "time": 2.0},
+        {"m": 512, "n": 512, "k": 512, "format": "fp8", "time": 5.0},  # any GEMM of the shape
+        {"m": 1024, "n": 1024, "k": 1024, "format": "fp8", "gemm": "wgrad", "time": 24.0},
+    ]})
+    assert [table.gemm_cost(layer, g, "fp8") for g in GEMMS] == [1.0, 2.0, 5.0]
+    big = LayerShape("b", 2048, 2048, 2048)
+    assert table.gemm_cost(big, "wgrad", "fp8") == pytest.approx(24.0 * 8)
+    assert table.gemm_cost(big, "fprop", "fp8") == pytest.approx(1.0 * 64)  # nearest fprop entry
+    with pytest.raises(ValueError, match="keyed by"):
+        MeasuredCost({(1, 1, 1, "fp8", "xgrad"): 1.0})
+
+
 def test_measured_cost_budget_in_the_ilp():
     stats = synthetic_stats(3, 5)
     entries = []

@@ -13,6 +13,9 @@
 //               A always has 1x128 blocks (one scale per row and 128-wide K block).
 //   ElementD    cutlass::bfloat16_t or float (also the type of the accumulate source C = D).
 //   TileShape / ClusterShape / KernelSchedule / EpilogueSchedule: the tile configuration.
+//   kOverlappedPromotion  false: CUTLASS's mainloop (each K tile's scale promotion waits for its
+//               wgmmas); true: overlapped_promotion_mainloop.cuh (promotes K tile t while t+1
+//               runs, the same arithmetic).
 //
 // M, N, K tails: TMA zero-fills out-of-bounds loads of A, B and SFA, scale loads done with
 // cp.async are predicated, and the epilogue's TMA store clips, so any M, N and any K that is a
@@ -34,6 +37,7 @@
 #include "gemm/cutlass_launch.cuh"
 #include "gemm/fp8_blockwise_arguments.cuh"
 #include "gemm/gemm_args.h"
+#include "gemm/sm90/overlapped_promotion_mainloop.cuh"
 
 namespace snip::gemm::sm90 {
 
@@ -46,7 +50,7 @@ SNIP_DEFINE_GEMM_ENTRY(fp8_gemm_nt_blockwise_e5m2)
 using namespace cute;
 
 template <class ElementA_, int kBlockN_, class ElementD_, class TileShape_, class ClusterShape_,
-          class KernelSchedule_, class EpilogueSchedule_>
+          class KernelSchedule_, class EpilogueSchedule_, bool kOverlappedPromotion = false>
 struct Fp8GemmNtBlockwise {
   using Self = Fp8GemmNtBlockwise;
   static constexpr int kBlockN = kBlockN_;
@@ -86,12 +90,14 @@ struct Fp8GemmNtBlockwise {
       cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementCompute, ElementC, LayoutD,
       kAlignD, ElementD, LayoutD, kAlignD, EpilogueSchedule_, Fusion>::CollectiveOp;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA, LayoutSFA>, kAlignA,
       ElementB, cute::tuple<LayoutB, LayoutSFB>, kAlignB, ElementAccumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule_>::CollectiveOp;
+  using CollectiveMainloop =
+      cute::conditional_t<kOverlappedPromotion, OverlappedPromotionMainloop<BuiltMainloop>, BuiltMainloop>;
 
   // Persistent tile scheduler (deterministic: no split/stream-K reduction).
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
@@ -123,6 +129,12 @@ using Fp8Cooperative128x128 =
     Fp8GemmNtBlockwise<ElementA, kBlockN, ElementD, Shape<_128, _128, _128>, Shape<_1, _2, _1>,
                        cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise,
                        cutlass::epilogue::TmaWarpSpecializedCooperative>;
+// The same with the scale promotion of K tile t overlapping the wgmmas of t+1.
+template <class ElementA, int kBlockN, class ElementD>
+using Fp8Cooperative128x128Overlapped =
+    Fp8GemmNtBlockwise<ElementA, kBlockN, ElementD, Shape<_128, _128, _128>, Shape<_1, _2, _1>,
+                       cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise,
+                       cutlass::epilogue::TmaWarpSpecializedCooperative, true>;
 // 64x128x128, ping-pong consumer warpgroups (each a whole tile), no cluster: more tiles for small
 // problems, and one warpgroup's epilogue overlaps the other's mainloop.
 template <class ElementA, int kBlockN, class ElementD>

@@ -1,0 +1,10 @@
+// fp8_gemm_nt_blockwise instantiation "b1_f32_128x128_overlapped": E4M3 A, B 1x128 scale blocks (wgrad), FP32 out (wgrad, accumulation), 128x128 cooperative tile, scale promotion overlapped with the next K tile's wgmmas.
+// One instantiation per file so that the (slow) CUTLASS translation units build in parallel.
+#include "gemm/sm90/fp8_gemm_nt_blockwise.cuh"
+
+namespace snip::gemm::sm90 {
+using Cfg_b1_f32_128x128_overlapped = Fp8Cooperative128x128Overlapped<cutlass::float_e4m3_t, 1, float>;
+extern const Fp8BlockwiseVariant kFp8Variant_b1_f32_128x128_overlapped;
+const Fp8BlockwiseVariant kFp8Variant_b1_f32_128x128_overlapped = {"b1_f32_128x128_overlapped", 90, Fp8Element::kE4M3, 1, OutDType::kF32, 128, 128,
+    1, 2, "cooperative", &Cfg_b1_f32_128x128_overlapped::workspace_size, &Cfg_b1_f32_128x128_overlapped::run, true};
+}  // namespace snip::gemm::sm90
