@@ -229,9 +229,12 @@ Choice pick_variant(const Kind& kind, int64_t m, int64_t n, int64_t k, const std
     if (v->overlapped_promotion == overlapped) mainloop_vs.push_back(v);
   TORCH_CHECK(!mainloop_vs.empty(), kOp, "config '", config, "': promotion=overlapped is not compiled for b_block=",
               kind.b_block, " and this a/output dtype on sm_", kind.arch, "a; compiled: ", tile_list(vs));
+  // A full 64x128 ping-pong tile's throughput relative to 128x128 cooperative: the median over the
+  // Llama and square shapes of bench/results/nvidia-h200-gemm-configs.json, wave quantization removed.
+  constexpr double kPingpong64Efficiency = 0.69;
   std::vector<gemm::TileCandidate> cands;
   for (const auto* v : mainloop_vs)
-    cands.push_back({v->tile_m, v->tile_n, v->cluster_m, v->cluster_n, v->tile_m == 64 ? 0.82 : 1.0});
+    cands.push_back({v->tile_m, v->tile_n, v->cluster_m, v->cluster_n, v->tile_m == 64 ? kPingpong64Efficiency : 1.0});
   const auto choice = gemm::choose_fp8_gemm_config(int(m), int(n), int(k), cands, sms);
   const Fp8BlockwiseVariant* v = mainloop_vs[choice.candidate];
   if (ov.tile_m) {

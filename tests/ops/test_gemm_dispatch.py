@@ -571,6 +571,8 @@ def test_sm90_traces_with_symbolic_shapes():
         (8192, 4096, 4096, 128, torch.bfloat16, "128x128"),
         (4096, 4096, 4096, 128, torch.bfloat16, "128x128"),
         (256, 4096, 4096, 128, torch.bfloat16, "64x128"),  # 64 tiles of 128x128 would fill half the SMs
+        # 128x128 fills 0.73 of its waves, 64x128 0.97 at 0.69 of the speed (the H200's measured ratio)
+        (768, 4096, 4096, 128, torch.bfloat16, "128x128"),
         (64, 64, 4096, 128, torch.bfloat16, "64x128"),
         (256, 4096, 4096, 128, torch.float32, "128x128"),  # the only compiled FP32-output tile
         (4096, 4096, 8192, 1, torch.float32, "128x128"),
@@ -753,7 +755,9 @@ def test_sm90_sass_overlaps_the_promotion():
     for name, body in funcs.items():
         waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[01])", body)
         if name in overlapped:
-            assert "0x1" in waits, name
+            # the first wait is the loop's: none before it (an undefined partial accumulator made ptxas wait
+            # for the first K tile there, C7517); a full wait only on the two ways out of the loop
+            assert waits[0] == "0x1" and waits.count("0x0") == 2, (name, waits)
             after = body.split("WARPGROUP.DEPBAR.LE gsb0, 0x1", 1)[1].split("QGMMA", 1)[0]
             assert len(re.findall(r"\bFFMA\b", after)) >= 64, name  # a 64x128 warpgroup tile's partial sums
         else:

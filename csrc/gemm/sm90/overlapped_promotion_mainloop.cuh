@@ -89,10 +89,16 @@ struct OverlappedPromotionMainloop : Base {
     CUTE_STATIC_ASSERT_V(size<1>(tCrB) == size<2>(accum));
     CUTE_STATIC_ASSERT_V(Int<DispatchPolicy::Stages>{} == size<2>(sA));
 
-    // The two partial accumulators; K tile t goes to partial[t % 2].
+    // The two partial accumulators; K tile t goes to partial[t % 2]. Each K tile's first wgmma ignores
+    // what its partial holds (ScaleOut::Zero), but partial1 is cleared here, before any wgmma is in
+    // flight: left undefined, the compiler materializes it after the first K tile is issued, and ptxas
+    // then waits for that tile to finish before entering the loop (C7517), losing one overlap per tile.
     Tensor partial0 = make_fragment_like(accum);
     Tensor partial1 = make_fragment_like(accum);
     clear(accum);  // +0, as the base's first promotion adds to
+    clear(partial1);
+    warpgroup_fence_operand(partial1);
+    warpgroup_fence_operand(accum);
 
     // Issue K tile `stage`'s wgmmas into `partial` (one commit group; it starts from zero).
     auto issue = [&](auto& partial, int stage) {
