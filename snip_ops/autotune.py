@@ -136,30 +136,30 @@ def current() -> TuningConfig:
 
 
 # The compiled sm_90a configurations per kind (csrc/gemm/fp8_gemm_nt_blockwise_op.cpp, kVariants) besides
-# the 128x128 cooperative tile with CUTLASS's mainloop, which every kind has: the ping-pong 64x128 tile
-# for E4M3 x 128x128-blocked B with BF16 output, and the overlapped-promotion mainloop
-# (csrc/gemm/sm90/overlapped_promotion_mainloop.cuh) for that kind and for wgrad's (1x128 B, FP32 out).
+# the 128x128 cooperative tile with CUTLASS's mainloop, which every kind has: the overlapped-promotion
+# mainloop (csrc/gemm/sm90/overlapped_promotion_mainloop.cuh) for the kinds of a linear layer's GEMMs
+# (128x128-blocked B with BF16 out, 1x128 with FP32 out, E4M3 or E5M2 A), and for E4M3 x 128x128 blocks
+# with BF16 output also that mainloop with a 2x1 cluster (B multicast) and the ping-pong 64x128 tile.
 _OVERLAPPED = "tile=128x128,promotion=overlapped"
-_SM90_EXTRA = {("fp8_gemm_nt_blockwise", 128, "bfloat16"): ("tile=64x128", _OVERLAPPED),
-               ("fp8_gemm_nt_blockwise", 1, "float32"): (_OVERLAPPED,)}
+_OVERLAPPED_KINDS = (("fp8_gemm_nt_blockwise", 128, "bfloat16"), ("fp8_gemm_nt_blockwise", 1, "float32"),
+                     ("fp8_gemm_nt_blockwise_e5m2", 128, "bfloat16"), ("fp8_gemm_nt_blockwise_e5m2", 1, "float32"))
 
 
 def candidates(kind: GemmKind) -> tuple[str, ...]:
-    """The configs worth timing for `kind`, "" (the heuristic) first. Per compiled configuration: as it is,
-    and with the tiles rastered along M and along N -- the orders that decide how operands are reused in
-    L2 -- plus, for CUTLASS's 128x128 only, swizzle 2: swizzling groups tiles of big grids, where 128x128
-    is the tile that wins; the heuristic takes 64x128 for grids under about a wave, where there is little
-    to group (bench/results/nvidia-h200-gemm-configs.json has both tiles under each order). At most
-    eleven, so a key tunes in a few hundred GEMMs. Only the Hopper kernels: the sm_100 one has not run on
-    a GPU yet."""
+    """The configs worth timing for `kind`, "" (the heuristic) first. CUTLASS's 128x128 tile and the
+    overlapped mainloop each as they are and rastered along M and along N -- the orders that decide how
+    operands are reused in L2 -- and CUTLASS's 128x128 with swizzle 2, which groups the tiles of big grids;
+    the 2x1-cluster variant as it is and rastered along M (its cluster already shares B along M); the
+    64x128 tile as it is: it wins only grids under about a wave, where order matters little
+    (bench/results/nvidia-h200-gemm-configs.json has both tiles under each order). At most eleven, so a
+    key tunes in a few hundred GEMMs. Only the Hopper kernels: the sm_100 one has not run on a GPU yet."""
     if kind.kernel.endswith("_sm100"):
         return ("",)
-    configs = ("tile=128x128",) + _SM90_EXTRA.get((kind.kernel, kind.b_block, kind.out_dtype), ())
-    out = [""]
-    for config in configs:
-        out += [config, f"{config},raster=m", f"{config},raster=n"]
-        if config == "tile=128x128":
-            out.append(f"{config},swizzle=2")
+    out = ["", "tile=128x128", "tile=128x128,raster=m", "tile=128x128,raster=n", "tile=128x128,swizzle=2"]
+    if (kind.kernel, kind.b_block, kind.out_dtype) in _OVERLAPPED_KINDS:
+        out += [_OVERLAPPED, f"{_OVERLAPPED},raster=m", f"{_OVERLAPPED},raster=n"]
+    if (kind.kernel, kind.b_block, kind.out_dtype) == ("fp8_gemm_nt_blockwise", 128, "bfloat16"):
+        out += [f"{_OVERLAPPED},cluster=2x1", f"{_OVERLAPPED},cluster=2x1,raster=m", "tile=64x128"]
     return tuple(out)
 
 

@@ -54,6 +54,11 @@ bool parse_fp8_gemm_config(const std::string& text, Fp8GemmOverride* out, std::s
         *error = "bad swizzle '" + val + "' (expected 1, 2, 4 or 8)";
         return false;
       }
+    } else if (key == "cluster") {
+      if (!parse_tile(val, &out->cluster_m, &out->cluster_n) || out->cluster_m > 2 || out->cluster_n > 2) {
+        *error = "bad cluster '" + val + "' (expected e.g. 1x2 or 2x1)";
+        return false;
+      }
     } else if (key == "promotion") {
       if (val == "serial") out->promotion = Promotion::kSerial;
       else if (val == "overlapped") out->promotion = Promotion::kOverlapped;
@@ -62,7 +67,7 @@ bool parse_fp8_gemm_config(const std::string& text, Fp8GemmOverride* out, std::s
         return false;
       }
     } else {
-      *error = "unknown config key '" + key + "' (expected tile, raster, swizzle, promotion)";
+      *error = "unknown config key '" + key + "' (expected tile, raster, swizzle, promotion, cluster)";
       return false;
     }
   }

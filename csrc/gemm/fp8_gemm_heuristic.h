@@ -27,10 +27,12 @@ struct Fp8GemmChoice {
 enum class Promotion : int { kHeuristic = 0, kSerial = 1, kOverlapped = 2 };
 
 // Overrides parsed from a config string
-// "tile=64x128,raster=m|n|auto,swizzle=1|2|4|8,promotion=serial|overlapped" (any subset, in any
-// order; a bare "64x128" means tile=64x128). Empty string: no override.
+// "tile=64x128,raster=m|n|auto,swizzle=1|2|4|8,promotion=serial|overlapped,cluster=1x2|2x1" (any
+// subset, in any order; a bare "64x128" means tile=64x128). Empty string: no override. Without
+// cluster=, each tile runs with its cluster of the fewest CTAs along M.
 struct Fp8GemmOverride {
   int tile_m = 0, tile_n = 0;  // 0: heuristic
+  int cluster_m = 0, cluster_n = 0;  // 0: the variant's own (with no 2-CTA cluster along M)
   bool has_raster = false;
   Raster raster = Raster::kHeuristic;
   int swizzle = 0;  // 0: heuristic

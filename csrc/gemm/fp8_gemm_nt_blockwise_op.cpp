@@ -23,6 +23,7 @@
 namespace snip::gemm::sm90 {
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x128;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x128_overlapped;
+extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x128_c2x1_overlapped;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_64x128;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_f32_128x128;
 extern const Fp8BlockwiseVariant kFp8Variant_b1_bf16_128x128;
@@ -31,6 +32,8 @@ extern const Fp8BlockwiseVariant kFp8Variant_b1_f32_128x128_overlapped;
 extern const Fp8BlockwiseVariant kFp8Variant_e5m2_b128_bf16_128x128;
 extern const Fp8BlockwiseVariant kFp8Variant_e5m2_b128_f32_128x128;
 extern const Fp8BlockwiseVariant kFp8Variant_e5m2_b1_f32_128x128;
+extern const Fp8BlockwiseVariant kFp8Variant_e5m2_b128_bf16_128x128_overlapped;
+extern const Fp8BlockwiseVariant kFp8Variant_e5m2_b1_f32_128x128_overlapped;
 }  // namespace snip::gemm::sm90
 #endif
 #if SNIP_HAS_SM100
@@ -59,8 +62,9 @@ constexpr int64_t kScaleK = 128;
 // Every compiled instantiation. Only what the GEMMs of a linear layer need is compiled: a
 // combination without a BF16-output instantiation (E5M2 x 1x128, Blackwell 1x128) runs the FP32 one
 // into a temporary and casts it -- the same single rounding of the FP32 result. The overlapped-
-// promotion mainloop is compiled for the two kinds E4M3 training spends most GEMM time in (fprop and
-// dgrad: 128x128 B blocks, BF16 out; wgrad: 1x128, FP32 out) and is chosen only by a config.
+// promotion mainloop is compiled for the kinds a linear layer's GEMMs use (128x128 B blocks with
+// BF16 out: fprop and dgrad; 1x128 with FP32 out: wgrad; E4M3 and E5M2 A), for E4M3 fprop/dgrad
+// also with a 2x1 cluster (B multicast), and is chosen only by a config.
 const Fp8BlockwiseVariant* const kVariants[] = {
 #if SNIP_HAS_SM90
     &gemm::sm90::kFp8Variant_b128_bf16_128x128,      &gemm::sm90::kFp8Variant_b128_bf16_64x128,
@@ -68,7 +72,10 @@ const Fp8BlockwiseVariant* const kVariants[] = {
     &gemm::sm90::kFp8Variant_b1_f32_128x128,         &gemm::sm90::kFp8Variant_e5m2_b128_bf16_128x128,
     &gemm::sm90::kFp8Variant_e5m2_b128_f32_128x128,  &gemm::sm90::kFp8Variant_e5m2_b1_f32_128x128,
     &gemm::sm90::kFp8Variant_b128_bf16_128x128_overlapped,
+    &gemm::sm90::kFp8Variant_b128_bf16_128x128_c2x1_overlapped,
     &gemm::sm90::kFp8Variant_b1_f32_128x128_overlapped,
+    &gemm::sm90::kFp8Variant_e5m2_b128_bf16_128x128_overlapped,
+    &gemm::sm90::kFp8Variant_e5m2_b1_f32_128x128_overlapped,
 #endif
 #if SNIP_HAS_SM100
     &gemm::sm100::kFp8Variant_sm100_b128_bf16_256x128_2sm,
@@ -121,6 +128,8 @@ std::string tile_list(const std::vector<const Fp8BlockwiseVariant*>& vs) {
   std::string s;
   for (const auto* v : vs)
     s += (s.empty() ? "" : ", ") + std::to_string(v->tile_m) + "x" + std::to_string(v->tile_n) +
+         (v->cluster_m > 1 ? " (cluster=" + std::to_string(v->cluster_m) + "x" + std::to_string(v->cluster_n) + ")"
+                           : std::string()) +
          (v->overlapped_promotion ? " (promotion=overlapped)" : "");
   return s;
 }
@@ -224,11 +233,26 @@ Choice pick_variant(const Kind& kind, int64_t m, int64_t n, int64_t k, const std
   TORCH_CHECK(gemm::parse_fp8_gemm_config(config, &ov, &err), kOp, "config '", config, "': ", err);
   // The mainloop first (serial unless the config asks for the overlapped one), then the tile.
   const bool overlapped = ov.promotion == gemm::Promotion::kOverlapped;
+  // Then the cluster: the one named, else per tile the one with the fewest CTAs along M (a Hopper 2x1
+  // cluster, which multicasts B, is there to be chosen by config next to the tile's 1x2 one).
+  auto fewest_along_m = [&](const Fp8BlockwiseVariant* v) {
+    for (const auto* w : vs)
+      if (w->overlapped_promotion == v->overlapped_promotion && w->tile_m == v->tile_m && w->tile_n == v->tile_n &&
+          w->cluster_m < v->cluster_m)
+        return false;
+    return true;
+  };
   std::vector<const Fp8BlockwiseVariant*> mainloop_vs;
   for (const auto* v : vs)
-    if (v->overlapped_promotion == overlapped) mainloop_vs.push_back(v);
-  TORCH_CHECK(!mainloop_vs.empty(), kOp, "config '", config, "': promotion=overlapped is not compiled for b_block=",
-              kind.b_block, " and this a/output dtype on sm_", kind.arch, "a; compiled: ", tile_list(vs));
+    if (v->overlapped_promotion == overlapped &&
+        (ov.cluster_m ? v->cluster_m == ov.cluster_m && v->cluster_n == ov.cluster_n : fewest_along_m(v)))
+      mainloop_vs.push_back(v);
+  TORCH_CHECK(!mainloop_vs.empty(), kOp, "config '", config, "': ",
+              ov.cluster_m ? "cluster=" + std::to_string(ov.cluster_m) + "x" + std::to_string(ov.cluster_n) +
+                                 (overlapped ? " with promotion=overlapped" : "")
+                           : std::string("promotion=overlapped"),
+              " is not compiled for b_block=", kind.b_block, " and this a/output dtype on sm_", kind.arch,
+              "a; compiled: ", tile_list(vs));
   // A full 64x128 ping-pong tile's throughput relative to 128x128 cooperative: the median over the
   // Llama and square shapes of bench/results/nvidia-h200-gemm-configs.json, wave quantization removed.
   constexpr double kPingpong64Efficiency = 0.69;
@@ -371,6 +395,8 @@ std::string fp8_gemm_nt_blockwise_config(int64_t m, int64_t n, int64_t k, int64_
   const char* raster = args.raster == gemm::Raster::kAlongM ? "m" : args.raster == gemm::Raster::kAlongN ? "n" : "auto";
   return std::string(v->name) + " tile=" + std::to_string(v->tile_m) + "x" + std::to_string(v->tile_n) +
          " schedule=" + v->schedule + " raster=" + raster + " swizzle=" + std::to_string(args.swizzle) +
+         (v->cluster_m > 1 ? " cluster=" + std::to_string(v->cluster_m) + "x" + std::to_string(v->cluster_n)
+                           : std::string()) +
          (v->overlapped_promotion ? " promotion=overlapped" : "") +
          (c.via_f32 ? " (FP32 output, cast)" : "");
 }

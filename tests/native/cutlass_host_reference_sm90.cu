@@ -21,5 +21,10 @@ const snip_ref::Variant kSnipRefVariants[] = {
     SNIP_REF_FP8_BLOCKWISE("b128_bf16_128x128_overlapped",
                            Fp8Cooperative128x128Overlapped<cutlass::float_e4m3_t, 128, cutlass::bfloat16_t>),
     SNIP_REF_FP8_BLOCKWISE("b1_f32_128x128_overlapped", Fp8Cooperative128x128Overlapped<cutlass::float_e4m3_t, 1, float>),
+    SNIP_REF_FP8_BLOCKWISE("b128_bf16_128x128_c2x1_overlapped",
+                           Fp8Cooperative128x128Cluster2x1Overlapped<cutlass::float_e4m3_t, 128, cutlass::bfloat16_t>),
+    SNIP_REF_FP8_BLOCKWISE("e5m2_b128_bf16_128x128_overlapped",
+                           Fp8Cooperative128x128Overlapped<cutlass::float_e5m2_t, 128, cutlass::bfloat16_t>),
+    SNIP_REF_FP8_BLOCKWISE("e5m2_b1_f32_128x128_overlapped", Fp8Cooperative128x128Overlapped<cutlass::float_e5m2_t, 1, float>),
 };
 const int kSnipRefVariantCount = int(sizeof(kSnipRefVariants) / sizeof(kSnipRefVariants[0]));

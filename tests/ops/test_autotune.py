@@ -56,15 +56,17 @@ def test_candidates_are_few_and_start_with_the_heuristic():
     both = autotune.candidates(FPROP)
     assert both[0] == "" and len(both) <= 11 and len(set(both)) == len(both)
     assert {c.split(",")[0] for c in both[1:]} == {"tile=128x128", "tile=64x128"}
-    overlapped = {c for c in both if "promotion=overlapped" in c}
-    assert overlapped == {"tile=128x128,promotion=overlapped", "tile=128x128,promotion=overlapped,raster=m",
-                          "tile=128x128,promotion=overlapped,raster=n"}
-    for kind in (WGRAD, GemmKind("fp8_gemm_nt_blockwise_e5m2", 128, "bfloat16", True)):
-        assert all("64x128" not in c for c in autotune.candidates(kind))  # only 128x128 is compiled there
-    # the overlapped mainloop is compiled for E4M3 fprop/dgrad (BF16 out) and wgrad (FP32 out) only
-    assert {c for c in autotune.candidates(WGRAD) if "overlapped" in c} == overlapped
-    for kind in (GemmKind("fp8_gemm_nt_blockwise_e5m2", 128, "bfloat16", False),
-                 GemmKind("fp8_gemm_nt_blockwise", 128, "float32", False)):
+    overlapped = {"tile=128x128,promotion=overlapped", "tile=128x128,promotion=overlapped,raster=m",
+                  "tile=128x128,promotion=overlapped,raster=n"}
+    b_multicast = {"tile=128x128,promotion=overlapped,cluster=2x1", "tile=128x128,promotion=overlapped,cluster=2x1,raster=m"}
+    assert {c for c in both if "promotion=overlapped" in c} == overlapped | b_multicast
+    e5m2_dgrad, e5m2_wgrad = (GemmKind("fp8_gemm_nt_blockwise_e5m2", b, d, False) for b, d in ((128, "bfloat16"), (1, "float32")))
+    for kind in (WGRAD, e5m2_dgrad, e5m2_wgrad, GemmKind("fp8_gemm_nt_blockwise_e5m2", 128, "bfloat16", True)):
+        cands = autotune.candidates(kind)
+        assert all("64x128" not in c and "cluster" not in c for c in cands)  # compiled for E4M3 fprop/dgrad only
+        assert {c for c in cands if "overlapped" in c} == overlapped  # a linear layer's GEMM kinds
+    for kind in (GemmKind("fp8_gemm_nt_blockwise", 128, "float32", False),
+                 GemmKind("fp8_gemm_nt_blockwise", 1, "bfloat16", False)):
         assert all("overlapped" not in c for c in autotune.candidates(kind))
     assert autotune.candidates(GemmKind("fp8_gemm_nt_blockwise_sm100", 128, "bfloat16", False)) == ("",)
 
@@ -79,14 +81,14 @@ def test_key_buckets_m_to_a_power_of_two():
 
 def test_tuning_picks_the_fastest_and_writes_the_cache(tmp_path):
     kernel = StandInKernel()
-    times = {c: 2.0 + i for i, c in enumerate(autotune.candidates(FPROP))} | {"tile=64x128,raster=n": 0.5}
+    times = {c: 2.0 + i for i, c in enumerate(autotune.candidates(FPROP))} | {"tile=128x128,promotion=overlapped,raster=n": 0.5}
     key = autotune.key_for(DEVICE, FPROP, 4096, 4096, 4096)
     cfg = tuning(tmp_path, kernel, times)
-    assert autotune.choose(key, kernel, cfg) == "tile=64x128,raster=n"
+    assert autotune.choose(key, kernel, cfg) == "tile=128x128,promotion=overlapped,raster=n"
     assert set(cfg.timer.timed) == set(autotune.candidates(FPROP))
     entry = json.loads(cfg.cache_path.read_text())["entries"][key.text()]
-    assert entry["config"] == "tile=64x128,raster=n" and entry["device"] == DEVICE
-    assert entry["snip_version"] == autotune.SNIP_VERSION and entry["ms"]["tile=64x128,raster=n"] == 0.5
+    assert entry["config"] == "tile=128x128,promotion=overlapped,raster=n" and entry["device"] == DEVICE
+    assert entry["snip_version"] == autotune.SNIP_VERSION and entry["ms"]["tile=128x128,promotion=overlapped,raster=n"] == 0.5
 
 
 def test_a_tie_keeps_the_heuristic(tmp_path):
@@ -130,13 +132,13 @@ def test_another_device_or_version_never_reads_an_entry(tmp_path):
 
 
 def test_a_failing_candidate_is_skipped(tmp_path):
-    kernel = StandInKernel(failing={"tile=64x128,raster=m"})
+    kernel = StandInKernel(failing={"tile=128x128,promotion=overlapped,cluster=2x1,raster=m"})
     key = autotune.key_for(DEVICE, FPROP, 256, 4096, 4096)
-    cfg = tuning(tmp_path, kernel, {"tile=64x128,raster=m": 0.1, "tile=128x128,swizzle=2": 0.2})
+    cfg = tuning(tmp_path, kernel, {"tile=128x128,promotion=overlapped,cluster=2x1,raster=m": 0.1, "tile=128x128,swizzle=2": 0.2})
     assert autotune.choose(key, kernel, cfg) == "tile=128x128,swizzle=2"
     entry = json.loads(cfg.cache_path.read_text())["entries"][key.text()]
-    assert "can_implement" in entry["skipped"]["tile=64x128,raster=m"]
-    assert "tile=64x128,raster=m" not in entry["ms"]
+    assert "can_implement" in entry["skipped"]["tile=128x128,promotion=overlapped,cluster=2x1,raster=m"]
+    assert "tile=128x128,promotion=overlapped,cluster=2x1,raster=m" not in entry["ms"]
 
 
 def test_a_candidate_with_another_output_is_skipped(tmp_path):

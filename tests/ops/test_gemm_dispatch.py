@@ -628,8 +628,20 @@ def test_sm90_config_overrides():
                         ((128, torch.bfloat16, 132, "promotion=fast"), "bad promotion")]:
         with pytest.raises(RuntimeError, match=match):
             cfg(4096, 4096, 4096, *args)
+    assert cfg(4096, 4096, 4096, 128, torch.bfloat16, 132, "promotion=overlapped", 90, torch.float8_e5m2).startswith(
+        "e5m2_b128_bf16_128x128_overlapped")
     with pytest.raises(RuntimeError, match="promotion=overlapped is not compiled"):
-        cfg(4096, 4096, 4096, 128, torch.bfloat16, 132, "promotion=overlapped", 90, torch.float8_e5m2)
+        cfg(4096, 4096, 4096, 128, torch.float32, 132, "promotion=overlapped", 90, torch.float8_e5m2)
+    # a 2x1 cluster (B multicast): E4M3 fprop/dgrad with the overlapped mainloop, by config only
+    got = cfg(8192, 8192, 8192, 128, torch.bfloat16, 132, "promotion=overlapped,cluster=2x1")
+    assert got.startswith("b128_bf16_128x128_c2x1_overlapped") and "cluster=2x1 promotion=overlapped" in got
+    assert "cluster" not in cfg(8192, 8192, 8192, 128, torch.bfloat16, 132, "promotion=overlapped,cluster=1x2")
+    for config, match in [("cluster=2x1", "cluster=2x1 is not compiled"), ("cluster=3x1", "bad cluster"),
+                          ("cluster=2x", "bad cluster")]:
+        with pytest.raises(RuntimeError, match=match):
+            cfg(4096, 4096, 4096, 128, torch.bfloat16, 132, config)
+    with pytest.raises(RuntimeError, match="cluster=2x1 with promotion=overlapped is not compiled"):
+        cfg(4096, 4096, 8192, 1, torch.float32, 132, "promotion=overlapped,cluster=2x1")
     for bad, match in [("tile=64x128", "not compiled"), ("tile=abc", "bad tile"), ("swizzle=3", "bad swizzle"),
                        ("raster=x", "bad raster"), ("speed=max", "unknown config key")]:
         with pytest.raises(RuntimeError, match=match):
@@ -734,8 +746,8 @@ def _sass_functions(arch: str) -> dict[str, str]:
 
 
 @needs_sm90_op
-@pytest.mark.parametrize("kernel, count, mma", [("fp8_gemm_nt_blockwise", 7, "E4M3.E4M3"),
-                                                ("fp8_gemm_nt_blockwise_e5m2", 3, "E5M2.E4M3")])
+@pytest.mark.parametrize("kernel, count, mma", [("fp8_gemm_nt_blockwise", 8, "E4M3.E4M3"),
+                                                ("fp8_gemm_nt_blockwise_e5m2", 5, "E5M2.E4M3")])
 def test_sm90_sass_has_qgmma(kernel, count, mma):
     funcs = {n: b for n, b in _sass_functions("sm_90a").items() if f"{kernel}_kernel" in n}
     assert len(funcs) == count, sorted(funcs)  # one per compiled instantiation
@@ -751,7 +763,7 @@ def test_sm90_sass_overlaps_the_promotion():
     # FFMAs while that group runs; CUTLASS's mainloop always waits for every group (`0x0`).
     funcs = {n: b for n, b in _sass_functions("sm_90a").items() if "fp8_gemm_nt_blockwise" in n}
     overlapped = {n: b for n, b in funcs.items() if "OverlappedPromotionMainloop" in n}
-    assert len(overlapped) == 2, sorted(overlapped)  # b128 BF16 out and b1 FP32 out
+    assert len(overlapped) == 5, sorted(overlapped)  # E4M3 and E5M2: b128 BF16 out, b1 FP32 out; E4M3 2x1 cluster
     for name, body in funcs.items():
         waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[01])", body)
         if name in overlapped:

@@ -133,8 +133,10 @@ def configs(b_block, out_dtype, e5m2=False):
     tiles = ["", "tile=128x128"]
     if b_block == 128 and out_dtype == torch.bfloat16 and not e5m2:
         tiles.append("tile=64x128")
-    if (b_block, out_dtype) in ((128, torch.bfloat16), (1, torch.float32)) and not e5m2:
+    if (b_block, out_dtype) in ((128, torch.bfloat16), (1, torch.float32)):
         tiles.append(OVERLAPPED)
+    if b_block == 128 and out_dtype == torch.bfloat16 and not e5m2:
+        tiles.append(OVERLAPPED + ",cluster=2x1")
     return tiles
 
 
@@ -300,20 +302,25 @@ def test_sm90_nonfinite_propagates():
 
 
 @needs_sm90
-@pytest.mark.parametrize("gemm_kind, out_dtype", [("fprop", torch.bfloat16), ("wgrad", torch.float32)])
+@pytest.mark.parametrize("name, gemm_kind, out_dtype", [("fp8", "fprop", torch.bfloat16), ("fp8", "wgrad", torch.float32),
+                                                   ("fp8_e5m2grad", "dgrad", torch.bfloat16),
+                                                   ("fp8_e5m2grad", "wgrad", torch.float32)])
 @pytest.mark.parametrize("m, n, k", [(200, 264, 16), (200, 264, 128), (200, 264, 256), (200, 264, 384),
                                      (200, 264, 1040), (33, 72, 4096), (2048, 2176, 640)])
-def test_sm90_overlapped_promotion_gives_the_serial_bits(gemm_kind, out_dtype, m, n, k):
+def test_sm90_overlapped_promotion_gives_the_serial_bits(name, gemm_kind, out_dtype, m, n, k):
     # The overlapped mainloop (csrc/gemm/sm90/overlapped_promotion_mainloop.cuh) against CUTLASS's, bit for
     # bit: 1, 2, 3 and 9 K tiles and a K tail (each branch of its loop: no step, one step after the pairs,
     # whole pairs), more output tiles than SMs (a CTA's second tile starts from a cleared accumulator),
-    # bias, and accumulation into `out`.
-    a, b = operands("fp8", m, n, k, gemm_kind)
+    # the 2x1 cluster, bias, and accumulation into `out`.
+    if name == "fp8_e5m2grad" and not _ext.kernel_available("fp8_gemm_nt_blockwise_e5m2", "cuda"):
+        pytest.skip("no E5M2 kernel")
+    a, b = operands(name, m, n, k, gemm_kind)
     serial = gk.qgemm(a, b, out_dtype=out_dtype, path="sm90_fp8", config="tile=128x128,promotion=serial")
-    for config in (OVERLAPPED, OVERLAPPED + ",raster=n"):
+    multicast = (OVERLAPPED + ",cluster=2x1",) if (name, gemm_kind) == ("fp8", "fprop") else ()
+    for config in (OVERLAPPED, OVERLAPPED + ",raster=n") + multicast:
         got = gk.qgemm(a, b, out_dtype=out_dtype, path="sm90_fp8", config=config)
         assert torch.equal(got.view(torch.uint8), serial.view(torch.uint8)), config
-    if gemm_kind == "fprop":
+    if gemm_kind != "wgrad":
         bias = torch.randn(n, device="cuda")
         want = gk.qgemm(a, b, out_dtype=out_dtype, bias=bias, path="sm90_fp8", config="promotion=serial")
         got = gk.qgemm(a, b, out_dtype=out_dtype, bias=bias, path="sm90_fp8", config=OVERLAPPED)

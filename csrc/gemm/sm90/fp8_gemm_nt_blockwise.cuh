@@ -135,6 +135,12 @@ using Fp8Cooperative128x128Overlapped =
     Fp8GemmNtBlockwise<ElementA, kBlockN, ElementD, Shape<_128, _128, _128>, Shape<_1, _2, _1>,
                        cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise,
                        cutlass::epilogue::TmaWarpSpecializedCooperative, true>;
+// The same with a 2x1 cluster: B's tile multicast to the 2 CTAs that share it along M.
+template <class ElementA, int kBlockN, class ElementD>
+using Fp8Cooperative128x128Cluster2x1Overlapped =
+    Fp8GemmNtBlockwise<ElementA, kBlockN, ElementD, Shape<_128, _128, _128>, Shape<_2, _1, _1>,
+                       cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise,
+                       cutlass::epilogue::TmaWarpSpecializedCooperative, true>;
 // 64x128x128, ping-pong consumer warpgroups (each a whole tile), no cluster: more tiles for small
 // problems, and one warpgroup's epilogue overlaps the other's mainloop.
 template <class ElementA, int kBlockN, class ElementD>
