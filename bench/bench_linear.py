@@ -41,7 +41,7 @@ import sys
 import torch
 from torch import nn
 
-from bench.gpu_bench import device_and_timer, timing_parser, write_device_result
+from bench.gpu_bench import apply_tuning, device_and_timer, timing_parser, write_device_result
 from bench.run_record import provenance
 from snip_ops import LinearPrecision, SnipLinear, _ext
 from snip_ops.formats import GEMMS
@@ -135,6 +135,7 @@ def run(args) -> dict:
     if args.smoke:  # one intra-op thread: a shared CI machine's cores oversubscribed cost seconds per call
         torch.set_num_threads(1)
     models, tokens = (SMOKE_MODELS, SMOKE_TOKENS) if args.smoke else (MODELS, TOKENS)
+    tuning = apply_tuning(args)
     ao = torchao_float8()
     entries, skipped = [], []
     for model, dims in models.items():
@@ -175,7 +176,7 @@ def run(args) -> dict:
         "build": _ext.build_info().get("built_with"), "torchao": ao if isinstance(ao, str) else ao[2],
         "method": "smoke run: one host-clocked call each" if args.smoke else
         f"CUDA events, L2 flushed before each call, median of {args.iters} after {args.warmup} warm-up calls",
-        "tokens": tokens, "entries": entries, "skipped": skipped,
+        "gemm_tuning": tuning, "tokens": tokens, "entries": entries, "skipped": skipped,
     }
 
 

@@ -47,7 +47,7 @@ import time
 import torch
 
 from bench.bench_linear import torchao_float8
-from bench.gpu_bench import add_timing_options, device_and_timer, write_device_result
+from bench.gpu_bench import add_timing_options, apply_tuning, device_and_timer, write_device_result
 from bench.run_record import provenance
 from planner import Budget, LayerShape, Plan, plan_metrics
 from snip_ops import LinearPrecision, _ext, convert
@@ -182,6 +182,7 @@ def run(args) -> dict:
         for key, value in SMOKE.items():
             setattr(args, key, value)
     args.compile_backend = "aot_eager" if args.smoke else "inductor"
+    tuning = apply_tuning(args)
     cfg = LlamaConfig.preset(args.preset)
     cfg = LlamaConfig.preset(args.preset, max_seq_len=max(args.seq_len, cfg.max_seq_len))
     tokens = args.batch_size * args.seq_len
@@ -204,7 +205,7 @@ def run(args) -> dict:
         "optimizer": "torch.optim.AdamW" + (" (fused)" if dev.type == "cuda" else ""),
         "method": ("smoke run: host clock" if args.smoke else "CUDA events around each step")
         + f", median of {args.iters} steps after {args.warmup} warm-up steps",
-        "compile": f"every decoder block, backend {args.compile_backend!r}",
+        "compile": f"every decoder block, backend {args.compile_backend!r}", "gemm_tuning": tuning,
         "snip_75_plan": {"rule": PLAN_RULE, **plan.to_json(with_stats=False)},
         "runs": [], "failed": [], "complete": False,
     }

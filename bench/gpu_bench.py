@@ -20,9 +20,12 @@ SMOKE_DEVICE = "cpu (smoke run)"
 
 
 def add_timing_options(p: argparse.ArgumentParser, what: str, warmup: int = 10, iters: int = 50) -> None:
-    """--warmup, --iters, --out and --smoke on `p`."""
+    """--warmup, --iters, --out, --smoke and --tune on `p`."""
     p.add_argument("--warmup", type=int, default=warmup)
     p.add_argument("--iters", type=int, default=iters)
+    p.add_argument("--tune", action="store_true",
+                   help="time the FP8 GEMM configurations of each shape on first use and keep the fastest "
+                        "(snip_ops.autotune 'tune', its disk cache); default: the committed per-GPU table")
     p.add_argument("--out", type=Path, default=None, help=f"JSON path (default bench/results/<device>-{what}.json)")
     p.add_argument("--smoke", action="store_true",
                    help="a seconds-long run on the CPU (tiny shapes, one call each, host clock, the kernels' CPU "
@@ -48,6 +51,15 @@ def device_and_timer(args, what: str) -> tuple[torch.device, str, Callable[[Call
     from snip_train.cuda_timer import CudaTimer
 
     return torch.device("cuda"), torch.cuda.get_device_name(), CudaTimer(args.warmup, args.iters)
+
+
+def apply_tuning(args) -> str:
+    """Set snip_ops.autotune's mode from --tune for this process; returns the mode (results record it)."""
+    from snip_ops import autotune
+
+    mode = "tune" if args.tune else "table"
+    autotune.configure(autotune.TuningConfig(mode=mode))
+    return mode
 
 
 def host_seconds(fn: Callable) -> float:

@@ -41,6 +41,9 @@ def test_dry_run_writes_every_result(tmp_path):
         assert "--smoke" in s["command"]
         assert json.loads((results / s["output"]).read_text())["device"] == "cpu (smoke run)"
     assert "--quick --configs" in summary["steps"][1]["command"]  # the GPU run's flags, checked here too
+    for s in summary["steps"]:
+        if s["step"] in ("linear", "step"):  # timed with the configs the autotuner picks for this GPU
+            assert "--tune" in s["command"] and json.loads((results / s["output"]).read_text())["gemm_tuning"] == "tune"
     assert "gpu_perf: step exit status 0" in (results / "cpu-smoke-run-perf-log.txt").read_text()
 
 

@@ -68,7 +68,9 @@ def test_candidates_are_few_and_start_with_the_heuristic():
     for kind in (GemmKind("fp8_gemm_nt_blockwise", 128, "float32", False),
                  GemmKind("fp8_gemm_nt_blockwise", 1, "bfloat16", False)):
         assert all("overlapped" not in c for c in autotune.candidates(kind))
-    assert autotune.candidates(GemmKind("fp8_gemm_nt_blockwise_sm100", 128, "bfloat16", False)) == ("",)
+    # Blackwell: one tile per kind; the scheduler's order and swizzle (runtime arguments) are tuned
+    assert autotune.candidates(GemmKind("fp8_gemm_nt_blockwise_sm100", 128, "bfloat16", False)) == (
+        "", "raster=m", "raster=n", "swizzle=2")
 
 
 def test_key_buckets_m_to_a_power_of_two():
