@@ -401,10 +401,8 @@ def hopper_scales(q: QTensor, role: str, rows: int | None = None) -> tuple[torch
     if role not in ("a", "b"):
         raise ValueError(f"role must be 'a' or 'b', got {role!r}")
     n_rows = -(-rows // br)
-    st = s.t()
-    out = st.new_zeros(st.shape[0], _round_up(n_rows, 4))
-    out[:, : st.shape[1]] = st
-    return out, br
+    # one copy (a kernel launch, which is most of this call's time at GEMM sizes) that transposes and pads
+    return torch.nn.functional.pad(s.t(), (0, _round_up(n_rows, 4) - s.shape[0])).contiguous(), br
 
 
 def to_blocked_scales(scales: torch.Tensor) -> torch.Tensor:

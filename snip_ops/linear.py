@@ -237,15 +237,19 @@ def _(x, w, fprop, *call_and_wq):
     return [x.new_empty(m, n), *xt, *wt]
 
 
-@torch.library.custom_op("snip::linear_bwd", mutates_args=(), schema=(
-    "(Tensor dy, Tensor? x, Tensor[] xt, Tensor? w, Tensor[] wt, SymInt in_features, str dgrad, str wgrad, "
-    "SymInt seed, Tensor offset, bool emulate, bool need_dx, bool need_dw) -> Tensor[]"))
-def _bwd(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: torch.Tensor | None,
-         wt: list[torch.Tensor], in_features: int, *call) -> list[torch.Tensor]:
-    """[dx [M, K] in dy's dtype if need_dx] + [dw [N, K] float32 if need_dw]. `x` / `w`: the
-    unquantized operands of a bf16-recipe wgrad / dgrad (else None); `xt` / `wt`: the operands
-    the forward op saved (else empty lists); `call`: the `_Call` arguments."""
-    call = _Call(*call)
+def _gemm_into(a: Operand, b: Operand, out: torch.Tensor) -> None:
+    """out += a . b^T in FP32: on the kernels in the GEMM's epilogue (beta = 1, one rounding), else the
+    FP32 product added."""
+    if isinstance(a, QTensor) and isinstance(b, QTensor) and a.codes.is_cuda:
+        qgemm(a, b, out=out)
+        return
+    out.add_(_gemm(a, b, torch.float32))
+
+
+def _backward(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: torch.Tensor | None,
+              wt: list[torch.Tensor], in_features: int, call: _Call,
+              wgrad_into: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Both backward ops: [dx if need_dx] + [dw if need_dw and no `wgrad_into`, else added into it]."""
     dr, wr = _recipe(call.dgrad), _recipe(call.wgrad)
     q = call.quantizer(dy)
     m, n = dy.shape
@@ -259,11 +263,30 @@ def _bwd(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: to
         if call.need_dx:
             out.append((dy @ w).to(dy.dtype) if dr.is_bf16
                        else _gemm(dyq, _restored(wt, dr.weight, (in_features, n), q.kernels), dy.dtype))
-        if call.need_dw:
-            out.append((dy.t() @ x).float() if wr.is_bf16
-                       else _gemm(dytq, _restored(xt, wr.act, (in_features, _wgrad_tokens(m, wr)), q.kernels),
-                                  torch.float32))
+        if call.need_dw and wr.is_bf16:
+            dw = (dy.t() @ x).float()
+            if wgrad_into is None:
+                out.append(dw)
+            else:
+                wgrad_into.add_(dw)
+        elif call.need_dw:
+            xtq = _restored(xt, wr.act, (in_features, _wgrad_tokens(m, wr)), q.kernels)
+            if wgrad_into is None:
+                out.append(_gemm(dytq, xtq, torch.float32))
+            else:
+                _gemm_into(dytq, xtq, wgrad_into)
     return out
+
+
+@torch.library.custom_op("snip::linear_bwd", mutates_args=(), schema=(
+    "(Tensor dy, Tensor? x, Tensor[] xt, Tensor? w, Tensor[] wt, SymInt in_features, str dgrad, str wgrad, "
+    "SymInt seed, Tensor offset, bool emulate, bool need_dx, bool need_dw) -> Tensor[]"))
+def _bwd(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: torch.Tensor | None,
+         wt: list[torch.Tensor], in_features: int, *call) -> list[torch.Tensor]:
+    """[dx [M, K] in dy's dtype if need_dx] + [dw [N, K] float32 if need_dw]. `x` / `w`: the
+    unquantized operands of a bf16-recipe wgrad / dgrad (else None); `xt` / `wt`: the operands
+    the forward op saved (else empty lists); `call`: the `_Call` arguments."""
+    return _backward(dy, x, xt, w, wt, in_features, _Call(*call))
 
 
 @_bwd.register_fake
@@ -272,6 +295,25 @@ def _(dy, x, xt, w, wt, in_features, *call):
     m, n = dy.shape
     return ([dy.new_empty(m, in_features)] if call.need_dx else []) + (
         [dy.new_empty(n, in_features, dtype=torch.float32)] if call.need_dw else [])
+
+
+# A separate op because functionalization (torch.compile) takes no in-place argument next to a
+# Tensor[] result; need_dw is implied.
+@torch.library.custom_op("snip::linear_bwd_accumulate", mutates_args=("wgrad_into",), schema=(
+    "(Tensor dy, Tensor? x, Tensor[] xt, Tensor? w, Tensor[] wt, SymInt in_features, str dgrad, str wgrad, "
+    "SymInt seed, Tensor offset, bool emulate, bool need_dx, Tensor(a!) wgrad_into) -> Tensor"))
+def _bwd_accumulate(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: torch.Tensor | None,
+                    wt: list[torch.Tensor], in_features: int, dgrad: str, wgrad: str, seed: int,
+                    offset: torch.Tensor, emulate: bool, need_dx: bool, wgrad_into: torch.Tensor) -> torch.Tensor:
+    """dx (an empty tensor without need_dx); the weight gradient is added into `wgrad_into` [N, K] FP32."""
+    call = _Call(dgrad, wgrad, seed, offset, emulate, need_dx, True)
+    out = _backward(dy, x, xt, w, wt, in_features, call, wgrad_into)
+    return out[0] if need_dx else dy.new_empty(0)
+
+
+@_bwd_accumulate.register_fake
+def _(dy, x, xt, w, wt, in_features, dgrad, wgrad, seed, offset, emulate, need_dx, wgrad_into):
+    return dy.new_empty(dy.shape[0], in_features) if need_dx else dy.new_empty(0)
 
 
 class _Layer(NamedTuple):
@@ -289,8 +331,11 @@ class _Layer(NamedTuple):
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, w, b, offset, layer: _Layer):
+    def forward(ctx, x2, w, b, offset, layer: _Layer, wgrad_into):
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        # kept as an attribute, not saved: it is written in backward, and a saved tensor's version check
+        # would refuse a layer called twice before its backward
+        ctx.wgrad_into = wgrad_into
         y, *saved = torch.ops.snip.linear_fwd(x2, w, layer.fprop, layer.dgrad, layer.wgrad, layer.seed, offset,
                                               layer.emulate, need_dx, need_dw)
         # The unquantized operands are kept only for a bf16-recipe GEMM that needs them.
@@ -307,14 +352,19 @@ class _Linear(torch.autograd.Function):
         x_keep, w_keep, offset, *saved = ctx.saved_tensors
         layer, (in_features, w_dtype), n_xt = ctx.layer, ctx.weight, ctx.n_xt
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grads = torch.ops.snip.linear_bwd(dy.contiguous(), x_keep, saved[:n_xt], w_keep, saved[n_xt:], in_features,
-                                          layer.dgrad, layer.wgrad, layer.seed, offset, layer.emulate, need_dx, need_dw)
-        dx = grads[0] if need_dx else None
-        dw = grads[-1].to(w_dtype) if need_dw else None
+        args = (dy.contiguous(), x_keep, saved[:n_xt], w_keep, saved[n_xt:], in_features, layer.dgrad, layer.wgrad,
+                layer.seed, offset, layer.emulate, need_dx)
+        if ctx.wgrad_into is not None and need_dw:  # the weight gradient goes into wgrad_into, not to autograd
+            dx = torch.ops.snip.linear_bwd_accumulate(*args, ctx.wgrad_into)
+            dx, dw = (dx if need_dx else None), None
+        else:
+            grads = torch.ops.snip.linear_bwd(*args, need_dw)
+            dx = grads[0] if need_dx else None
+            dw = grads[-1].to(w_dtype) if need_dw else None
         db = None
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             db = dy.float().sum(0).to(ctx.bias_dtype)
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
@@ -337,6 +387,16 @@ def _check(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
         raise ValueError(f"linear: b must have shape ({w.shape[0]},), got {tuple(b.shape)}")
 
 
+def _check_wgrad_into(t, w: torch.Tensor, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"linear: wgrad_into must be a tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32 or tuple(t.shape) != tuple(w.shape) or t.device != device:
+        raise ValueError(f"linear: wgrad_into must be a float32 tensor of w's shape {tuple(w.shape)} on {device}, "
+                         f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+    if t.requires_grad:
+        raise ValueError("linear: wgrad_into must not require grad (backward writes into it)")
+
+
 def linear(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -346,6 +406,7 @@ def linear(
     seed: int = 0,
     offset: int | torch.Tensor = 0,
     emulate: bool = False,
+    wgrad_into: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`torch.nn.functional.linear` with low-precision GEMMs.
 
@@ -355,6 +416,10 @@ def linear(
     quantization and GEMM kernels run where they exist; `emulate=True` keeps the reference
     quantizer and the FP32 GEMM of the dequantized operands there too (the same quantized values).
     Under `torch.autocast` the layer computes in the autocast dtype, like `F.linear`.
+    `wgrad_into`: a float32 tensor of w's shape (Megatron's `main_grad`) into which backward adds the
+    weight gradient instead of handing it to autograd (w.grad is then left alone): on the GPU kernels
+    the wgrad GEMM's epilogue adds it (beta = 1), in FP32 with one rounding, with no gradient tensor
+    written and read again; elsewhere the FP32 gradient is added.
     """
     if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
         # What F.linear does under autocast: compute in the autocast dtype; the casts are
@@ -362,8 +427,10 @@ def linear(
         dtype = torch.get_autocast_dtype(x.device.type)
         x, w, b = (None if t is None else t.to(dtype) for t in (x, w, b))
     _check(x, w, b)
+    if wgrad_into is not None:
+        _check_wgrad_into(wgrad_into, w, x.device)
     precision = LinearPrecision.of(precision)
-    if precision.is_bf16:
+    if precision.is_bf16 and wgrad_into is None:
         return torch.nn.functional.linear(x, w, b)
     if not torch.is_tensor(offset):
         offset = torch.tensor(offset, dtype=torch.int64)
@@ -372,5 +439,5 @@ def linear(
     layer = _Layer(precision.fprop.key(), precision.dgrad.key(), precision.wgrad.key(), seed, bool(emulate),
                    precision.dgrad.is_bf16, precision.wgrad.is_bf16,
                    _n_saved(precision.wgrad.act, _kernel_mode(x2, emulate)))
-    y = _Linear.apply(x2, w, b, offset.detach().cpu(), layer)
+    y = _Linear.apply(x2, w, b, offset.detach().cpu(), layer, wgrad_into)
     return y.reshape(*lead, w.shape[0])

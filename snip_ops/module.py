@@ -34,21 +34,27 @@ PlanLike = PrecisionLike | Mapping[str, PrecisionLike]
 
 
 class SnipLinear(nn.Linear):
-    """An `nn.Linear` whose three GEMMs run in `self.precision`."""
+    """An `nn.Linear` whose three GEMMs run in `self.precision`.
+
+    `fuse_wgrad_accumulation=True`: backward adds the weight gradient into `self.weight.main_grad` (an FP32
+    tensor of the weight's shape that the caller allocates and zeroes, as Megatron's distributed optimizer
+    does) instead of `weight.grad`; on the GPU kernels the wgrad GEMM's epilogue does the addition
+    (`snip_ops.linear`'s `wgrad_into`)."""
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, precision=None, seed=0,
-                 emulate=False, name=""):
+                 emulate=False, name="", fuse_wgrad_accumulation=False):
         super().__init__(in_features, out_features, bias, device, dtype)
         self.name = str(name)  # the layer's FQN, for error messages (set by `convert`)
         self.precision = LinearPrecision.of(precision)
         self.seed = int(seed)
         self.emulate = bool(emulate)  # True: emulated GEMMs even where kernels exist
+        self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
         # Not a buffer: it must neither enter the state dict nor move to the GPU (it is read on the host).
         self.sr_step = torch.zeros((), dtype=torch.int64)
 
     @classmethod
     def from_linear(cls, lin: nn.Linear, precision=None, seed: int = 0, emulate: bool = False,
-                    name: str = "") -> "SnipLinear":
+                    name: str = "", fuse_wgrad_accumulation: bool = False) -> "SnipLinear":
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = lin.in_features, lin.out_features
@@ -58,6 +64,7 @@ class SnipLinear(nn.Linear):
         new._check_shards(new.precision)
         new.seed = int(seed)
         new.emulate = bool(emulate)
+        new.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
         new.sr_step = torch.zeros((), dtype=torch.int64)
         return new
 
@@ -74,9 +81,26 @@ class SnipLinear(nn.Linear):
         if style is not None:
             check_shard_blocks(self.name, style, precision, tuple(self.weight.shape), tp_size(self.weight))
 
+    def _main_grad(self) -> torch.Tensor | None:
+        """Where backward adds the weight gradient: weight.main_grad under fuse_wgrad_accumulation, else None."""
+        if not self.fuse_wgrad_accumulation:
+            return None
+        main_grad = getattr(self.weight, "main_grad", None)
+        if main_grad is None:
+            raise RuntimeError(f"SnipLinear {self.name or ''}: fuse_wgrad_accumulation adds the weight gradient into "
+                               "weight.main_grad, which is not set; allocate it (a float32 tensor of the weight's "
+                               "shape, e.g. torch.zeros_like(weight, dtype=torch.float32)) and zero it where .grad "
+                               "would be zeroed")
+        if tp_style(self.weight) is not None:
+            raise NotImplementedError(f"SnipLinear {self.name or ''}: fuse_wgrad_accumulation is not supported on "
+                                      "tensor-parallel shards")
+        return main_grad
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        main_grad = self._main_grad()
         if self.precision.is_bf16:
-            return nn.functional.linear(x, self.weight, self.bias)
+            return (nn.functional.linear(x, self.weight, self.bias) if main_grad is None
+                    else linear(x, self.weight, self.bias, self.precision, wgrad_into=main_grad))
         # `+ 0` rather than `.clone()`: under torch.compile a clone of a tensor mutated right after
         # was seen to read the mutated value (tests/ops/test_compile.py pins the eager semantics).
         offset = self.sr_step + 0
@@ -84,10 +108,12 @@ class SnipLinear(nn.Linear):
         if tp_style(self.weight) is not None:
             return sharded_linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset,
                                   emulate=self.emulate, name=self.name)
-        return linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset, emulate=self.emulate)
+        return linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset, emulate=self.emulate,
+                      wgrad_into=main_grad)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, precision={self.precision}" + (", emulate=True" if self.emulate else "")
+        return (f"{super().extra_repr()}, precision={self.precision}" + (", emulate=True" if self.emulate else "")
+                + (", fuse_wgrad_accumulation=True" if self.fuse_wgrad_accumulation else ""))
 
 
 def _matches(name: str, patterns) -> bool:

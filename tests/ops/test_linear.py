@@ -197,6 +197,10 @@ def test_custom_ops_pass_opcheck(name):
             bwd_args = (dy, x_keep, saved[:n_xt], w_keep, saved[n_xt:], 300, keys[1], keys[2], 3, off, emulate,
                         need_dx, need_dw)
             torch.library.opcheck(torch.ops.snip.linear_bwd.default, bwd_args, test_utils=("test_faketensor",))
+            if need_dw:  # the weight gradient added into a buffer instead (fuse_wgrad_accumulation)
+                acc_args = (*bwd_args[:-1], torch.zeros(190, 300))
+                torch.library.opcheck(torch.ops.snip.linear_bwd_accumulate.default, acc_args,
+                                      test_utils=("test_faketensor",))
 
 
 def test_weight_is_quantized_once_per_step(monkeypatch):

@@ -98,3 +98,18 @@ def test_each_operand_is_quantized_once_and_backward_keeps_codes(monkeypatch):
     assert sorted(calls) == [("quantize_rowcol", (64, 128)), ("quantize_rowcol", (64, 256)), ("quantize_rowcol", (128, 256))]
     assert not any(t.dtype == torch.bfloat16 and t.numel() >= x.numel() for t in saved)
     assert any(t.dtype == torch.float8_e4m3fn and t.shape == (256, 64) for t in saved)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "fp4", "fp8_e5m2grad"])
+def test_fused_wgrad_accumulation_on_the_kernels(precision):
+    # The wgrad GEMM's epilogue adds into main_grad (beta = 1): acc1, then RN(acc1 + acc2), which is what
+    # autograd's FP32 w.grad accumulation of the kernel's FP32 outputs computes too.
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(520, 1024, device="cuda", generator=g).requires_grad_()
+    xs = [torch.randn(768, 1024, device="cuda", generator=g) for _ in range(2)]
+    main_grad = torch.zeros(520, 1024, device="cuda")
+    for i, x in enumerate(xs):
+        linear(x, w, None, precision, offset=i).square().sum().backward()
+        linear(x, w.detach().requires_grad_(), None, precision, offset=i,
+               wgrad_into=main_grad).square().sum().backward()
+    assert torch.equal(main_grad, w.grad)
