@@ -14,6 +14,8 @@ Variants (BF16 weights and activations, no bias, eager: torch.compile is timed p
 bench_step, not here):
   bf16                 nn.Linear (cuBLAS).
   snip_fp8             SnipLinear, recipe "fp8" for all three GEMMs.
+  snip_fp8_fused_wgrad the same with fuse_wgrad_accumulation: the weight gradient added into an FP32
+                       weight.main_grad by the wgrad GEMM's epilogue (never reset: an accumulation).
   snip_fp4             SnipLinear, recipe "fp4" -- only where an FP4 GEMM kernel exists (Hopper's
                        sm90_fp4, Blackwell's sm100_fp4; anywhere in a smoke run), else skipped.
   snip_fp8_fwd_fp4_bwd SnipLinear, LinearPrecision(fprop="fp8", dgrad="fp4", wgrad="fp4"): a mixed
@@ -100,6 +102,11 @@ def variants(lin: nn.Linear, dev: torch.device, shape, smoke: bool, ao) -> tuple
         quantizer = "snip_C::quantize" if _ext.kernel_available("quantize", dev) else "emulated (reference)"
         out[name] = (SnipLinear.from_linear(lin, precision, seed=1, name=name),
                      {"impl": f"SnipLinear {precision}", "paths": paths, "quantizer": quantizer})
+        if name == "snip_fp8":  # the weight gradient added into an FP32 main_grad by the wgrad GEMM's epilogue
+            fused = SnipLinear.from_linear(lin, precision, seed=1, name=name, fuse_wgrad_accumulation=True)
+            lin.weight.main_grad = torch.zeros(lin.weight.shape, device=dev, dtype=torch.float32)
+            out["snip_fp8_fused_wgrad"] = (fused, {"impl": f"SnipLinear {precision}, fuse_wgrad_accumulation (main_grad)",
+                                              "paths": paths, "quantizer": quantizer})
     for recipe_name in TORCHAO_RECIPES:
         name = f"torchao_{recipe_name}"
         if isinstance(ao, str):  # said once, in the result's "torchao"
@@ -122,9 +129,9 @@ def time_layer(mod: nn.Module, x: torch.Tensor, dy: torch.Tensor, seconds) -> tu
         mod(x).backward(dy)
 
     t = seconds(fwd_bwd)
+    dw = mod.weight.main_grad if getattr(mod, "fuse_wgrad_accumulation", False) else mod.weight.grad
     with torch.no_grad():
-        finite = bool(torch.isfinite(mod(x)).all() and torch.isfinite(x.grad).all()
-                      and torch.isfinite(mod.weight.grad).all())
+        finite = bool(torch.isfinite(mod(x)).all() and torch.isfinite(x.grad).all() and torch.isfinite(dw).all())
     return t, finite
 
 

@@ -147,6 +147,7 @@ def convert(
     filter_fn: Callable[[nn.Module, str], bool] | None = None,
     *,
     emulate: bool | None = None,
+    fuse_wgrad_accumulation: bool | None = None,
 ) -> nn.Module:
     """Replace `nn.Linear` submodules by `SnipLinear` in place and return `model` (a new module when
     `model` itself is an `nn.Linear`).
@@ -156,7 +157,8 @@ def convert(
     embedding and the output head (`DEFAULT_EXCLUDE`). Already converted modules get the new plan.
     Parameters are shared, not copied: optimizers built before the call keep working.
     `emulate=True` makes the converted layers emulate their GEMMs even where kernels exist (None:
-    False for new layers, unchanged for already converted ones).
+    False for new layers, unchanged for already converted ones). `fuse_wgrad_accumulation=True`: the
+    layers add their weight gradients into `weight.main_grad` (see `SnipLinear`; None as for `emulate`).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert expects an nn.Module, got {type(model).__name__}")
@@ -175,12 +177,15 @@ def convert(
             mod.set_precision(precision)
             if emulate is not None:
                 mod.emulate = bool(emulate)
+            if fuse_wgrad_accumulation is not None:
+                mod.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
             continue
         if getattr(mod, "_distribute_module_applied", False):
             # The parallel styles' hooks and the sharded parameters belong to that module object.
             raise ValueError(f"linear layer {name!r} was parallelized (parallelize_module) before its conversion; "
                              "convert the model first (snip_ops.convert, or build the SnipPlanner), then parallelize")
-        new = SnipLinear.from_linear(mod, precision, seed=layer_seed(name), emulate=bool(emulate), name=name)
+        new = SnipLinear.from_linear(mod, precision, seed=layer_seed(name), emulate=bool(emulate), name=name,
+                                     fuse_wgrad_accumulation=bool(fuse_wgrad_accumulation))
         if not name:  # the model itself is a linear layer
             return new
         parent_name, _, child = name.rpartition(".")

@@ -4,7 +4,7 @@ add the weight gradient into an FP32 buffer (Megatron's `main_grad`) instead of 
 import pytest
 import torch
 
-from snip_ops import SnipLinear
+from snip_ops import SnipLinear, convert
 from snip_ops.linear import linear
 
 PRECISIONS = ["fp8", "fp4", "nvfp4", "bf16", {"fprop": "fp8", "dgrad": "fp4", "wgrad": "bf16"}]
@@ -77,3 +77,13 @@ def test_snip_linear_uses_main_grad():
     bf16.weight.main_grad = torch.zeros(40, 256)
     bf16(x).sum().backward()
     assert bf16.weight.grad is None and torch.allclose(bf16.weight.main_grad, torch.ones(40, 72) @ x)
+
+
+def test_convert_sets_the_option():
+    model = torch.nn.Sequential(torch.nn.Linear(256, 40), torch.nn.ReLU(), torch.nn.Linear(40, 24))
+    convert(model, "fp8", filter_fn=lambda m, n: True, fuse_wgrad_accumulation=True)
+    assert all(m.fuse_wgrad_accumulation for m in model if isinstance(m, SnipLinear))
+    convert(model, "fp4", filter_fn=lambda m, n: True)  # None: unchanged
+    assert all(m.fuse_wgrad_accumulation for m in model if isinstance(m, SnipLinear))
+    convert(model, filter_fn=lambda m, n: True, fuse_wgrad_accumulation=False)
+    assert not any(m.fuse_wgrad_accumulation for m in model if isinstance(m, SnipLinear))
