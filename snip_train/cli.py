@@ -233,7 +233,12 @@ def _run_train(args: argparse.Namespace) -> int:
         hooks = make_hooks(planner, out_dir=out, resume=resume.hooks if resume is not None else None,
                            lr_schedule=learning_rates(cfg))
         cfg = dataclasses.replace(cfg, **hooks.train_kwargs())
-    s = train(cfg, resume=resume)
+    from planner import InfeasibleBudget
+
+    try:
+        s = train(cfg, resume=resume)
+    except InfeasibleBudget as e:  # the budget the flags set, under the cost they priced it with
+        raise UsageError(f"--planner-budget {args.planner_budget}: {e}") from e
     if hooks is not None:
         hooks.finish()  # plan.json, planner_state.json, plan.png
     init = s["initial_val_loss"]

@@ -20,3 +20,17 @@ def test_snip_cost_writes_a_table_the_planner_reads(tmp_path, capsys):
     assert main(["cost", "--preset", "nope", "--out", str(out)]) == 2
     assert main(["cost", "--precisions", "fp9", "--out", str(out)]) == 2
     assert main(["cost", "--tokens", "0", "--out", str(out)]) == 2
+
+
+def test_a_budget_the_measured_costs_cannot_meet_is_a_user_error(tmp_path, capsys):
+    # A table where every low precision costs ten times bf16 (an emulating CPU looks like this): no plan
+    # meets cost=0.5, and the live planner's first plan says so in one line.
+    table = {"device": "test", "entries": [{"m": 256, "n": 256, "k": 256, "format": f, "time": t}
+                                           for f, t in (("bf16", 1.0), ("fp8", 10.0), ("fp4", 10.0))]}
+    (tmp_path / "cost.json").write_text(json.dumps(table))
+    assert main(["train", "--preset", "tiny", "--steps", "2", "--batch-size", "2", "--seq-len", "32", "--threads", "1",
+                 "--precision", "snip", "--planner-budget", "cost=0.5", "--planner-cost-table",
+                 str(tmp_path / "cost.json"), "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("snip: error: --planner-budget cost=0.5: budget") and "infeasible" in err
+    assert "Traceback" not in err
