@@ -571,7 +571,8 @@ def test_sm90_traces_with_symbolic_shapes():
         (8192, 4096, 4096, 128, torch.bfloat16, "128x128"),
         (4096, 4096, 4096, 128, torch.bfloat16, "128x128"),
         (256, 4096, 4096, 128, torch.bfloat16, "64x128"),  # 64 tiles of 128x128 would fill half the SMs
-        # 128x128 fills 0.73 of its waves, 64x128 0.97 at 0.69 of the speed (the H200's measured ratio)
+        # 64x128 fills more of its waves than 128x128, not enough to make up for its slower full tile
+        # (kPingpong64Efficiency, from bench/results/nvidia-h200-gemm-configs.json)
         (768, 4096, 4096, 128, torch.bfloat16, "128x128"),
         (64, 64, 4096, 128, torch.bfloat16, "64x128"),
         (256, 4096, 4096, 128, torch.float32, "128x128"),  # the only compiled FP32-output tile
