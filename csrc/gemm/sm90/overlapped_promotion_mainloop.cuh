@@ -6,7 +6,8 @@
 // idles, and in the cooperative kernel both consumer warpgroups reach that point together. The
 // promotion costs one FFMA per accumulator element and K tile (two operations with 1x128 scales on
 // both operands) against a 64x128x128 wgmma per warpgroup, so it is a large fraction of the tile's
-// time, and it is where the gap to FP8 GEMMs without per-block scales comes from.
+// time: the likely cause of the gap to FP8 GEMMs without per-block scales that
+// bench/results/nvidia-h200-gemm.json shows (the gap is measured there, its cause is not).
 //
 // This mainloop keeps two partial accumulators: it issues K tile t+1 into one, waits only until K
 // tile t's wgmmas have retired (wgmma.wait_group 1), and promotes tile t from the other while the
