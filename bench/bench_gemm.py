@@ -38,7 +38,8 @@ import torch
 
 from bench.gpu_bench import device_and_timer, timing_parser, write_device_result
 from snip_ops import _ext, autotune, gemm_kernels as gk
-from snip_ops.gemm_timing import gemm_dims, layer_gemm_inputs, quantize_for_gemm
+from snip_ops.formats import gemm_dims
+from snip_ops.gemm_timing import layer_gemm_inputs, quantize_for_gemm
 
 SQUARE = [4096, 8192]
 LLAMA_TOKENS = 8192

@@ -46,7 +46,7 @@ from torch import nn
 from bench.gpu_bench import apply_tuning, device_and_timer, timing_parser, write_device_result
 from bench.run_record import provenance
 from snip_ops import LinearPrecision, SnipLinear, _ext
-from snip_ops.formats import GEMMS
+from snip_ops.formats import GEMMS, gemm_dims
 from snip_ops.gemm_kernels import device_arch, gemm_path
 
 TOKENS = 8192
@@ -85,9 +85,7 @@ def snip_paths(precision: LinearPrecision, dev: torch.device, shape: tuple[int, 
     """{GEMM: the path qgemm takes for it on `dev`} (with this build's self-checked kernels)."""
     arch = device_arch(dev) if dev.type == "cuda" else None
     available = (lambda k: _ext.kernel_available(k, dev)) if dev.type == "cuda" else None
-    m, n, k = shape
-    dims = {"fprop": (m, n, k), "dgrad": (m, k, n), "wgrad": (n, k, m)}
-    return {g: gemm_path(precision.gemm(g), g, arch, available, dims[g]).path for g in GEMMS}
+    return {g: gemm_path(precision.gemm(g), g, arch, available, gemm_dims(g, *shape)).path for g in GEMMS}
 
 
 def variants(lin: nn.Linear, dev: torch.device, shape, smoke: bool, ao) -> tuple[dict, list[dict]]:

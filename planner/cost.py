@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal, Mapping, Protocol
 
-from snip_ops.formats import GEMMS, recipe
+from snip_ops.formats import GEMMS, gemm_dims, recipe
 
 __all__ = [
     "LayerShape", "gemm_shape", "gemm_flops", "layer_shapes", "is_fp4", "CostModel", "TheoreticalCost", "PATH_SPEEDUP",
@@ -43,11 +43,7 @@ class LayerShape:
 
 def gemm_shape(layer: LayerShape, gemm: str) -> tuple[int, int, int]:
     """(m, n, k) of one of the layer's GEMMs, k being the reduced dimension."""
-    M, N, K = layer.tokens, layer.out_features, layer.in_features
-    shapes = {"fprop": (M, N, K), "dgrad": (M, K, N), "wgrad": (N, K, M)}
-    if gemm not in shapes:
-        raise ValueError(f"unknown GEMM {gemm!r}; expected one of {GEMMS}")
-    return shapes[gemm]
+    return gemm_dims(gemm, layer.tokens, layer.out_features, layer.in_features)
 
 
 def gemm_flops(layer: LayerShape, gemm: str) -> float:

@@ -19,7 +19,7 @@ from typing import Literal, Mapping
 __all__ = [
     "ElementFormat", "E4M3", "E5M2", "E2M1", "E3M2", "E2M3", "BF16", "FP16", "FP32", "exmy",
     "element_format", "Rounding", "ScaleKind", "QuantSpec", "GemmRecipe", "RECIPES", "recipe", "LinearPrecision",
-    "GEMMS",
+    "GEMMS", "gemm_dims",
 ]
 
 Special = Literal["ieee", "fn", "none"]
@@ -210,6 +210,14 @@ class QuantSpec:
 
 
 GEMMS = ("fprop", "dgrad", "wgrad")
+
+
+def gemm_dims(gemm: str, M: int, N: int, K: int) -> tuple[int, int, int]:
+    """(m, n, k) of a linear layer's GEMM, k the reduced dimension, for M tokens, N outputs, K inputs:
+    fprop y = x w^T (M, N, K), dgrad dx = dy w (M, K, N), wgrad dw = dy^T x (N, K, M)."""
+    if gemm not in GEMMS:
+        raise ValueError(f"unknown GEMM {gemm!r}; expected one of {GEMMS}")
+    return {"fprop": (M, N, K), "dgrad": (M, K, N), "wgrad": (N, K, M)}[gemm]
 
 
 @dataclass(frozen=True)

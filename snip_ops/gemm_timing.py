@@ -30,19 +30,12 @@ from typing import Callable, Iterable
 import torch
 
 from snip_ops import autotune, gemm_kernels
-from snip_ops.formats import GEMMS, recipe
+from snip_ops.formats import GEMMS, gemm_dims, recipe
 from snip_ops.quantize import quantize
 
-__all__ = ["gemm_dims", "layer_gemm_inputs", "quantize_for_gemm", "out_dtype_of", "wall_timer", "measure"]
+__all__ = ["layer_gemm_inputs", "quantize_for_gemm", "out_dtype_of", "wall_timer", "measure"]
 
 Timer = Callable[[Callable[[], object]], float]  # a call -> its time in milliseconds
-
-
-def gemm_dims(gemm: str, M: int, N: int, K: int) -> tuple[int, int, int]:
-    """(m, n, k) of a layer's GEMM (planner.cost.gemm_shape without a LayerShape)."""
-    if gemm not in GEMMS:
-        raise ValueError(f"unknown GEMM {gemm!r}; expected one of {GEMMS}")
-    return {"fprop": (M, N, K), "dgrad": (M, K, N), "wgrad": (N, K, M)}[gemm]
 
 
 def layer_gemm_inputs(gemm: str, m: int, n: int, k: int, device, dtype=torch.bfloat16):

@@ -104,13 +104,15 @@ class _Quantizer:
                 self.operand(t, col, col_operand, transpose=True) if need_col else None)
 
 
-def _gemm(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
-    """a . b^T with FP32 accumulation, rounded once to `out_dtype`."""
+def _gemm(a: Operand, b: Operand, out_dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """a . b^T with FP32 accumulation, rounded once to `out_dtype`; with `out` (FP32), added into it: on the
+    kernels by the GEMM's epilogue (beta = 1, one rounding), else the FP32 product added."""
     if isinstance(a, QTensor) and isinstance(b, QTensor) and a.codes.is_cuda:
-        return qgemm(a, b, out_dtype=out_dtype)
+        return qgemm(a, b, out_dtype=out_dtype, out=out)
     av = dequantize(a) if isinstance(a, QTensor) else a
     bv = dequantize(b) if isinstance(b, QTensor) else b
-    return fp32_mm(av, bv.t()).to(out_dtype)
+    y = fp32_mm(av, bv.t()).to(out_dtype)
+    return y if out is None else out.add_(y)
 
 
 def _wgrad_tokens(m: int, wr: GemmRecipe) -> int:
@@ -237,19 +239,11 @@ def _(x, w, fprop, *call_and_wq):
     return [x.new_empty(m, n), *xt, *wt]
 
 
-def _gemm_into(a: Operand, b: Operand, out: torch.Tensor) -> None:
-    """out += a . b^T in FP32: on the kernels in the GEMM's epilogue (beta = 1, one rounding), else the
-    FP32 product added."""
-    if isinstance(a, QTensor) and isinstance(b, QTensor) and a.codes.is_cuda:
-        qgemm(a, b, out=out)
-        return
-    out.add_(_gemm(a, b, torch.float32))
-
-
 def _backward(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: torch.Tensor | None,
               wt: list[torch.Tensor], in_features: int, call: _Call,
               wgrad_into: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """Both backward ops: [dx if need_dx] + [dw if need_dw and no `wgrad_into`, else added into it]."""
+    """Both backward ops: [dx if need_dx] + [dw if need_dw; with `wgrad_into`, dw is added into it and the
+    list holds `wgrad_into`]."""
     dr, wr = _recipe(call.dgrad), _recipe(call.wgrad)
     q = call.quantizer(dy)
     m, n = dy.shape
@@ -265,16 +259,10 @@ def _backward(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], 
                        else _gemm(dyq, _restored(wt, dr.weight, (in_features, n), q.kernels), dy.dtype))
         if call.need_dw and wr.is_bf16:
             dw = (dy.t() @ x).float()
-            if wgrad_into is None:
-                out.append(dw)
-            else:
-                wgrad_into.add_(dw)
+            out.append(dw if wgrad_into is None else wgrad_into.add_(dw))
         elif call.need_dw:
-            xtq = _restored(xt, wr.act, (in_features, _wgrad_tokens(m, wr)), q.kernels)
-            if wgrad_into is None:
-                out.append(_gemm(dytq, xtq, torch.float32))
-            else:
-                _gemm_into(dytq, xtq, wgrad_into)
+            out.append(_gemm(dytq, _restored(xt, wr.act, (in_features, _wgrad_tokens(m, wr)), q.kernels),
+                             torch.float32, out=wgrad_into))
     return out
 
 

@@ -7,7 +7,7 @@ import torch
 
 from planner.cost import LayerShape, MeasuredCost
 from snip_ops import gemm_timing
-from snip_ops.formats import GEMMS
+from snip_ops.formats import GEMMS, gemm_dims
 from snip_ops.quantize import dequantize
 
 
@@ -54,9 +54,9 @@ def test_measure_times_quantization_and_gemm_apart():
     cost = MeasuredCost.from_json(table)
     layer = LayerShape("l", in_features=128, out_features=48, tokens=64)
     for r in rows:
-        if (r["m"], r["n"], r["k"]) == gemm_timing.gemm_dims(r["gemm"], 64, 48, 128):
+        if (r["m"], r["n"], r["k"]) == gemm_dims(r["gemm"], 64, 48, 128):
             assert cost.gemm_cost(layer, r["gemm"], r["format"]) == r["time"]
     with pytest.raises(ValueError, match="does not quantize all three operands"):
         gemm_timing.quantize_for_gemm("fprop", "bf16", *gemm_timing.layer_gemm_inputs("fprop", 8, 8, 16, "cpu"))
     with pytest.raises(ValueError, match="unknown GEMM"):
-        gemm_timing.gemm_dims("xgrad", 1, 2, 3)
+        gemm_dims("xgrad", 1, 2, 3)
