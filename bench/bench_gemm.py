@@ -40,6 +40,7 @@ from bench.gpu_bench import device_and_timer, timing_parser, write_device_result
 from snip_ops import _ext, autotune, gemm_kernels as gk
 from snip_ops.formats import gemm_dims
 from snip_ops.gemm_timing import layer_gemm_inputs, quantize_for_gemm
+from snip_ops.reference import plain_scales
 
 SQUARE = [4096, 8192]
 LLAMA_TOKENS = 8192
@@ -80,8 +81,8 @@ def scaled_mm_baselines(a, b, m, n, k) -> dict[str, callable]:
     }
     # Block-wise (cuBLAS >= 12.9 on sm_90): scale_a [m, ceil(k/128)] outer-dim-major, scale_b
     # [ceil(k/128), ceil(n/128) or n]. Layout requirements differ across versions: try both.
-    sa = a.scales.float()
-    sb = b.scales.float()
+    sa = plain_scales(a).float()
+    sb = plain_scales(b).float()
     for sa_l, sb_l in ((sa.t().contiguous().t(), sb.t()), (sa.contiguous(), sb.t().contiguous())):
         fn = (lambda x=sa_l, y=sb_l: torch._scaled_mm(ca, cb.t(), x, y, out_dtype=torch.bfloat16))
         try:

@@ -40,7 +40,8 @@ SMOKE = (256, 384)
 
 
 # ---- the benchmarked variants ----
-# (name, spec, rowwise, colwise, blackwell scale layout, nvfp4 amax passed in, target fraction)
+# (name, spec, rowwise, colwise, scale layout, nvfp4 amax passed in, target fraction): each in the scale layout
+# its GEMM reads (gemm_kernels.scale_layout_for), as training quantizes it
 FP8 = QuantSpec(E4M3, (1, 128))
 FP8_SR = QuantSpec(E4M3, (1, 128), rounding=Rounding.SR)
 FP8_W = QuantSpec(E4M3, (128, 128))
@@ -50,19 +51,19 @@ NVFP4_SR = QuantSpec(E2M1, (1, 16), ScaleKind.NVFP4, Rounding.SR)
 MXFP4_SR = QuantSpec(E2M1, (1, 32), ScaleKind.E8M0, Rounding.SR)
 FP4_SR = QuantSpec(E2M1, (1, 128), rounding=Rounding.SR)
 VARIANTS = [
-    ("fp8_row_rne", FP8, True, False, False, False, 0.80),
-    ("fp8_row_sr", FP8_SR, True, False, False, False, 0.75),
-    ("fp8_rowcol_rne", FP8, True, True, False, False, 0.75),
-    ("fp8_rowcol_sr", FP8_SR, True, True, False, False, 0.75),
-    ("fp8_col_rne", FP8, False, True, False, False, 0.75),
-    ("fp8_w128_rowcol_rne", FP8_W, True, True, False, False, 0.75),
-    ("mxfp8_row_rne_blackwell", MXFP8, True, False, True, False, 0.70),
-    ("nvfp4_row_rne_blackwell", NVFP4, True, False, True, True, 0.70),
-    ("nvfp4_row_rne_blackwell_amax_pass", NVFP4, True, False, True, False, None),
-    ("nvfp4_row_sr_blackwell", NVFP4_SR, True, False, True, True, 0.70),
-    ("nvfp4_rowcol_sr_blackwell", NVFP4_SR, True, True, True, True, 0.70),
-    ("mxfp4_rowcol_sr_blackwell", MXFP4_SR, True, True, True, False, 0.70),
-    ("fp4_row_sr", FP4_SR, True, False, False, False, 0.75),
+    ("fp8_row_rne", FP8, True, False, "hopper", False, 0.80),
+    ("fp8_row_sr", FP8_SR, True, False, "hopper", False, 0.75),
+    ("fp8_rowcol_rne", FP8, True, True, "hopper", False, 0.75),
+    ("fp8_rowcol_sr", FP8_SR, True, True, "hopper", False, 0.75),
+    ("fp8_col_rne", FP8, False, True, "hopper", False, 0.75),
+    ("fp8_w128_rowcol_rne", FP8_W, True, True, "hopper", False, 0.75),
+    ("mxfp8_row_rne_blackwell", MXFP8, True, False, "blackwell", False, 0.70),
+    ("nvfp4_row_rne_blackwell", NVFP4, True, False, "blackwell", True, 0.70),
+    ("nvfp4_row_rne_blackwell_amax_pass", NVFP4, True, False, "blackwell", False, None),
+    ("nvfp4_row_sr_blackwell", NVFP4_SR, True, False, "blackwell", True, 0.70),
+    ("nvfp4_rowcol_sr_blackwell", NVFP4_SR, True, True, "blackwell", True, 0.70),
+    ("mxfp4_rowcol_sr_blackwell", MXFP4_SR, True, True, "blackwell", False, 0.70),
+    ("fp4_row_sr", FP4_SR, True, False, "hopper", False, 0.75),
 ]
 
 
@@ -162,11 +163,11 @@ def run(args) -> dict:
         copy_bw = 2 * x.numel() * x.element_size() / t_copy
         amax = x.float().abs().amax()
         print(f"[{m}x{k}] copy {copy_bw / 1e9:.0f} GB/s", flush=True)
-        for name, spec, rowwise, colwise, blackwell, amax_in, target in VARIANTS:
+        for name, spec, rowwise, colwise, layout, amax_in, target in VARIANTS:
             ta = amax if (amax_in and spec.scale == ScaleKind.NVFP4) else None
 
-            def fn(spec=spec, rowwise=rowwise, colwise=colwise, ta=ta, blackwell=blackwell):
-                return torch.ops.snip_C.quantize(x, spec.describe(), rowwise, colwise, 1, 2, 3, ta, blackwell, 1)
+            def fn(spec=spec, rowwise=rowwise, colwise=colwise, ta=ta, layout=layout):
+                return torch.ops.snip_C.quantize(x, spec.describe(), rowwise, colwise, 1, 2, 3, ta, layout, 1)
 
             t = timer(fn)
             amax_pass = spec.scale == ScaleKind.NVFP4 and ta is None
@@ -175,7 +176,7 @@ def run(args) -> dict:
             t_eager = timer(eager(x, spec, rowwise, colwise))
             entry = {
                 "shape": [m, k], "variant": name, "spec": spec.describe(), "rowwise": rowwise, "colwise": colwise,
-                "blackwell_sf": blackwell, "tensor_amax_pass": amax_pass, "time_s": t, "bytes": nbytes,
+                "scale_layout": layout, "tensor_amax_pass": amax_pass, "time_s": t, "bytes": nbytes,
                 "GBps": nbytes / t / 1e9, "copy_GBps": copy_bw / 1e9, "fraction_of_copy": frac,
                 "target": target, "pass": None if target is None or args.smoke else frac >= target,
                 "eager_time_s": t_eager, "speedup_vs_eager": t_eager / t,

@@ -67,7 +67,7 @@ std::string build_info() {
 TORCH_LIBRARY(snip_C, m) {
   m.def("build_info() -> str", &build_info);
   m.def("quantize(Tensor x, str spec, bool rowwise=True, bool colwise=False, int seed=0, int offset=0, "
-        "int offset_t=0, Tensor? tensor_amax=None, bool blackwell_sf=False, int pad=1, int hadamard_signs=-1) -> "
+        "int offset_t=0, Tensor? tensor_amax=None, str scale_layout=\"plain\", int pad=1, int hadamard_signs=-1) -> "
         "(Tensor codes, "
         "Tensor scales, Tensor codes_t, Tensor scales_t, Tensor tensor_scale)");
   m.def("dequantize(Tensor codes, Tensor scales, Tensor? tensor_scale, str spec, int cols, ScalarType dtype) "

@@ -13,14 +13,15 @@ namespace snip {
 // ---- quantization (csrc/quant; outputs and padding documented in quant/quantize_op.cpp) ----
 // x [M, K] -> (codes, scales, codes_t, scales_t, tensor_scale) under `spec`
 // (formats.QuantSpec.describe(), e.g. "e4m3/1x128/fp32/sr"), row-wise and/or column-wise;
+// scale_layout "plain", "blackwell" or "hopper" (snip_ops.scale_layout): where the scales go;
 // hadamard_signs >= 0: the column output is (T x)^T, T nvfp4_train's random Hadamard transform.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
     const at::Tensor& x, c10::string_view spec, bool rowwise, bool colwise, int64_t seed, int64_t offset,
-    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad,
+    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, c10::string_view scale_layout, int64_t pad,
     int64_t hadamard_signs);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_meta(
     const at::Tensor& x, c10::string_view spec, bool rowwise, bool colwise, int64_t seed, int64_t offset,
-    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad,
+    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, c10::string_view scale_layout, int64_t pad,
     int64_t hadamard_signs);
 // codes + plain scales (+ NVFP4 tensor scale) -> [rows, cols] float32 / bfloat16.
 at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, const std::optional<at::Tensor>& tensor_scale,

@@ -218,14 +218,25 @@ def _blackwell_kind(a: QTensor, b: QTensor) -> str | None:
 
 def scale_layout_for(spec: QuantSpec, device) -> str:
     """The scale layout (`reference.QTensor.scale_layout`) in which to quantize an operand of `spec`
-    bound for a GEMM on `device`: "blackwell" where a Blackwell block-scaled kernel for its format
-    is usable there (the quantizer then writes the layout that kernel reads), else "plain" (also for
-    2-D blocks, whose scales the GEMM call expands to rows)."""
+    bound for a GEMM on `device`: the layout that GEMM reads, so that the quantizer writes it and no
+    GEMM call relays scales out. "blackwell" where a Blackwell block-scaled kernel for its format is
+    usable; "hopper" (MN-major FP32 scales) where the blockwise FP8 kernel of the device (sm_90a, or
+    sm_100a's, which takes the same arguments) is usable and the spec is one it reads; else "plain"
+    (also for 2-D Blackwell blocks, whose scales the GEMM call expands to rows)."""
+    arch = device_arch(device)
     kind = _blackwell_format(spec)
-    if kind is None or spec.block[0] != 1 or device_arch(device) != (10, 0) \
-            or not _ext.kernel_available(f"{kind}_gemm_nt", device):
-        return "plain"
-    return "blackwell"
+    if kind is not None and spec.block[0] == 1 and arch == (10, 0) and _ext.kernel_available(f"{kind}_gemm_nt", device):
+        return "blackwell"
+    blockwise = {(9, 0): "fp8_gemm_nt_blockwise", (10, 0): "fp8_gemm_nt_blockwise_sm100"}.get(arch)
+    if blockwise is not None and _blockwise_spec(spec) and _ext.kernel_available(blockwise, device):
+        return "hopper"
+    return "plain"
+
+
+def _blockwise_spec(spec: QuantSpec) -> bool:
+    """An operand of `spec` can feed the blockwise FP8 kernels in some role (`_fp8_kernel_operand`)."""
+    return (spec.element in (E4M3, E5M2, E2M1) and spec.scale in (ScaleKind.FP32, ScaleKind.POW2)
+            and spec.block in ((1, _SCALE_K), (_SCALE_K, _SCALE_K)))
 
 
 def _why_not(path: str, a, b, arch, available: Callable[[str], bool]) -> str | None:
@@ -390,16 +401,20 @@ def hopper_scales(q: QTensor, role: str, rows: int | None = None) -> tuple[torch
     role "a": one scale per row and 128-wide K block, [ceil(K/128), round_up(rows, 4)] (a 128x128
     blocked `a` is expanded to its rows). role "b": [ceil(K/128), round_up(ceil(rows/br), 4)] with
     br = 128 (128x128 blocks) or 1 (1x128). `rows` defaults to q's rows (the kernel pads M/N).
-    Padding entries are 0 (they only ever meet zero codes or rows that are cut off).
+    Padding entries are 0 (they only ever meet zero codes or rows that are cut off). Scales the
+    quantizer wrote in this layout (scale_layout "hopper") are q's own tensor; others are copied.
     """
+    if role not in ("a", "b"):
+        raise ValueError(f"role must be 'a' or 'b', got {role!r}")
     rows = q.shape[0] if rows is None else rows
     br, _ = block_shape(q.spec, q.shape)
-    s = q.scales.float()
+    if q.scale_layout == "hopper" and (role == "b" or br == 1) \
+            and q.scales.shape[1] == _round_up(-(-rows // br), 4) and q.scales.is_contiguous():
+        return q.scales, br
+    s = plain_scales(q).float()
     if role == "a" and br != 1:
         s = s.repeat_interleave(br, dim=0)[: q.shape[0]]
         br = 1
-    if role not in ("a", "b"):
-        raise ValueError(f"role must be 'a' or 'b', got {role!r}")
     n_rows = -(-rows // br)
     # one copy (a kernel launch, which is most of this call's time at GEMM sizes) that transposes and pads
     return torch.nn.functional.pad(s.t(), (0, _round_up(n_rows, 4) - s.shape[0])).contiguous(), br

@@ -51,17 +51,21 @@ def layer_gemm_inputs(gemm: str, m: int, n: int, k: int, device, dtype=torch.bfl
 
 def quantize_for_gemm(gemm: str, precision: str, a_src: torch.Tensor, b_src: torch.Tensor):
     """The quantized (a [m, k], b [n, k]) that `qgemm` receives for `gemm` in `precision`, from the
-    sources of `layer_gemm_inputs` (docs/design.md §3)."""
+    sources of `layer_gemm_inputs` (docs/design.md §3), with their scales in the layout the layer
+    writes on this device (`gemm_kernels.scale_layout_for`)."""
     r = recipe(precision)
     if None in (r.act, r.weight, r.grad):
         raise ValueError(f"precision {precision!r} does not quantize all three operands of a linear layer")
+
+    def q(src, spec, transpose=False):
+        return quantize(src, spec, transpose=transpose, scale_layout=gemm_kernels.scale_layout_for(spec, src.device))
     if gemm == "wgrad":  # a = dy^T, b = x^T, blocks along the token dimension
-        return quantize(a_src, r.grad, transpose=True), quantize(b_src, r.act, transpose=True)
+        return q(a_src, r.grad, True), q(b_src, r.act, True)
     if gemm == "fprop":
-        return quantize(a_src, r.act), quantize(b_src, r.weight)
-    # dgrad: b = w^T of w [k, n]; square-block codes are transposed, 1-D blocks quantized along n
-    b = quantize(b_src, r.weight).t() if r.weight.block == (128, 128) else quantize(b_src, r.weight, transpose=True)
-    return quantize(a_src, r.grad), b
+        return q(a_src, r.act), q(b_src, r.weight)
+    # dgrad: b = w^T of w [k, n], as the layer's fused row + column pass writes it (for square blocks
+    # the same codes as w's transposed)
+    return q(a_src, r.grad), q(b_src, r.weight, True)
 
 
 def out_dtype_of(gemm: str) -> torch.dtype:

@@ -16,8 +16,9 @@ Kernel mode (the native quantizer exists for the tensor's device -- a GPU it is 
 CPU with its host implementation -- and `emulate=False`): `snip_ops.quantize` and, on a GPU,
 `gemm_kernels.qgemm` (on the CPU, whose exact GEMM is the FP32 one, the operands are dequantized by
 the native op and multiplied as in emulated mode); operands cross the op boundary as `qparts`. An
-operand bound for a Blackwell block-scaled GEMM is quantized with its scales already in that GEMM's layout
-(`gemm_kernels.scale_layout_for`), so no GEMM call relays scales out. Emulated mode (elsewhere, or
+operand is quantized with its scales already in the layout its GEMM reads (`gemm_kernels.scale_layout_for`:
+Blackwell's block-scaled atoms, or the blockwise FP8 kernels' MN-major FP32 scales), so no GEMM call relays
+scales out. Emulated mode (elsewhere, or
 `emulate=True`): `reference.fake_quantize` gives the dequantized values directly (no codes to build),
 multiplied with FP32 accumulation; those float32 values are what backward keeps. Both modes see the
 same quantized values. A GEMM whose recipe is bf16 runs on the unquantized operands in their dtype

@@ -13,7 +13,7 @@ import torch
 
 from .formats import QuantSpec, ScaleKind
 from .reference import _TORCH_CODE_DTYPES, QTensor, block_shape
-from .scale_layout import blackwell_shape
+from .scale_layout import blackwell_shape, hopper_shape
 
 __all__ = ["to_parts", "from_parts", "meta_parts", "num_parts"]
 
@@ -61,6 +61,8 @@ def meta_parts(spec: QuantSpec, shape: tuple[int, int], like: torch.Tensor,
         grid = (-(-rows // br), -(-cols // bc))
         if scale_layout == "blackwell":
             grid = blackwell_shape(*grid)
+        elif scale_layout == "hopper":
+            grid = hopper_shape(*grid)
         parts.append(like.new_empty(*grid, dtype=_SCALE_DTYPES[spec.scale]))
     if spec.scale == ScaleKind.NVFP4:
         parts.append(like.new_empty((), dtype=torch.float32))

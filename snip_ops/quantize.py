@@ -24,7 +24,7 @@ from . import _ext, philox, reference
 from .formats import E2M1, E4M3, E5M2, QuantSpec, Rounding, ScaleKind
 from .hadamard import HADAMARD_SIZE, padded_tokens, random_hadamard, sign_mask
 from .reference import QTensor
-from .scale_layout import to_blackwell
+from .scale_layout import to_blackwell, to_hopper
 
 __all__ = ["quantize", "quantize_rowcol", "quantize_hadamard_t", "dequantize", "fake_quantize", "kernel_supports"]
 
@@ -70,7 +70,7 @@ def _kernel_quantize(x, spec, seed, offset, offset_t, rowwise, colwise, tensor_a
         tensor_amax = torch.as_tensor(tensor_amax, dtype=torch.float32, device=x.device)
     codes, scales, codes_t, scales_t, ts = torch.ops.snip_C.quantize(
         x, spec.describe(), rowwise, colwise, _int64(seed), _int64(offset), _int64(offset_t), tensor_amax,
-        scale_layout == "blackwell", 1, hadamard_signs
+        scale_layout, 1, hadamard_signs
     )
     ts = ts if spec.scale == ScaleKind.NVFP4 else None
     rows, cols = x.shape
@@ -84,7 +84,8 @@ def _in_layout(q: QTensor, scale_layout: str) -> QTensor:
     """A reference QTensor (plain scales) with its scales moved to `scale_layout` (an exact permutation)."""
     if scale_layout == "plain":
         return q
-    return QTensor(q.codes, to_blackwell(q.scales), q.spec, q.shape, q.tensor_scale, scale_layout)
+    moved = to_hopper(q.scales) if scale_layout == "hopper" else to_blackwell(q.scales)
+    return QTensor(q.codes, moved, q.spec, q.shape, q.tensor_scale, scale_layout)
 
 
 def quantize(
@@ -99,8 +100,8 @@ def quantize(
     scale_layout: str = "plain",
 ) -> QTensor:
     """Quantize a 2-D tensor; see `reference.quantize` for the exact semantics and arguments.
-    `scale_layout` "blackwell" writes the scales as the Blackwell block-scaled GEMMs read them
-    (`reference.QTensor`), so that the GEMM needs no relayout."""
+    `scale_layout` "blackwell" / "hopper" writes the scales as the Blackwell block-scaled / Hopper blockwise
+    GEMMs read them (`reference.QTensor`), so that the GEMM needs no relayout."""
     reference.check_input(x)
     reference.check_scale_layout(spec, scale_layout)
     if _use_kernel(x, spec):
@@ -166,8 +167,9 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """`reference.dequantize(q).to(dtype)` (dtype float32 or bfloat16), by the kernel where it exists."""
     if dtype not in (torch.float32, torch.bfloat16):
         raise TypeError(f"dequantize: dtype must be float32 or bfloat16, got {dtype}")
-    if _use_kernel(q.codes, q.spec, "dequantize") and q.scales is not None and q.scale_layout == "plain":
-        return torch.ops.snip_C.dequantize(q.codes, q.scales, q.tensor_scale, q.spec.describe(), q.shape[1], dtype)
+    if _use_kernel(q.codes, q.spec, "dequantize") and q.scales is not None and q.scale_layout != "blackwell":
+        return torch.ops.snip_C.dequantize(q.codes, reference.plain_scales(q), q.tensor_scale, q.spec.describe(),
+                                           q.shape[1], dtype)
     return reference.dequantize(q).to(dtype)
 
 

@@ -29,12 +29,12 @@ import torch
 from . import philox
 from .cast import decode, encode, round_to_format
 from .formats import E4M3, ElementFormat, QuantSpec, Rounding, ScaleKind
-from .scale_layout import from_blackwell
+from .scale_layout import from_blackwell, from_hopper
 
 __all__ = ["QTensor", "quantize", "dequantize", "fake_quantize", "check_input", "block_shape", "block_scales", "divide_by",
            "SCALE_LAYOUTS", "plain_scales", "check_scale_layout"]
 
-SCALE_LAYOUTS = ("plain", "blackwell")
+SCALE_LAYOUTS = ("plain", "blackwell", "hopper")
 
 NVFP4_TENSOR_DIVISOR = 448.0 * 6.0
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -52,7 +52,9 @@ class QTensor:
            float8_e4m3fn (NVFP4); None for ScaleKind.NONE. With scale_layout "blackwell" (1-byte
            scales of 1-D blocks only) the same scales in the layout the Blackwell block-scaled GEMMs
            read (`scale_layout.to_blackwell`: padded, not row-major), written so by the quantizer
-           for an operand bound for those GEMMs; `plain_scales` gives the plain grid back.
+           for an operand bound for those GEMMs; with "hopper" (FP32 / POW2 scales of 128-long blocks) the
+           plain grid transposed and padded as the Hopper blockwise GEMM reads it (`scale_layout.to_hopper`);
+           `plain_scales` gives the plain grid back.
     tensor_scale: 0-d float32 (NVFP4 only).
     """
 
@@ -251,19 +253,25 @@ def fake_quantize(
 
 
 def check_scale_layout(spec: QuantSpec, scale_layout: str) -> None:
-    """Refuses a scale layout the spec cannot have: "blackwell" holds 1-byte scales of 1-D blocks."""
+    """Refuses a scale layout the spec cannot have: "blackwell" holds 1-byte scales of 1-D blocks, "hopper"
+    float32 scales of 128-long blocks."""
     if scale_layout not in SCALE_LAYOUTS:
         raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
     if scale_layout == "blackwell" and not (spec.scale in (ScaleKind.E8M0, ScaleKind.NVFP4) and spec.block[0] == 1
                                             and spec.block[1] in (16, 32)):
         raise ValueError(f"the blackwell scale layout holds E8M0 / NVFP4 scales of 1x16 or 1x32 blocks, not {spec.describe()}")
+    if scale_layout == "hopper" and not (spec.scale in (ScaleKind.FP32, ScaleKind.POW2) and spec.block[1] == 128):
+        raise ValueError(f"the hopper scale layout holds FP32 / POW2 scales of 128-long blocks, not {spec.describe()}")
 
 
 def plain_scales(q: QTensor) -> torch.Tensor | None:
     """q's scales as the plain [ceil(rows / br), ceil(cols / bc)] grid, whatever q's scale layout."""
     if q.scale_layout == "plain" or q.scales is None:
         return q.scales
-    return from_blackwell(q.scales, q.shape[0], -(-q.shape[1] // q.spec.block[1]))
+    n = -(-q.shape[1] // q.spec.block[1])
+    if q.scale_layout == "hopper":
+        return from_hopper(q.scales, -(-q.shape[0] // block_shape(q.spec, q.shape)[0]), n)
+    return from_blackwell(q.scales, q.shape[0], n)
 
 
 def dequantize(q: QTensor) -> torch.Tensor:

@@ -19,6 +19,12 @@
   `size(filter_zeros(layout_SF))` allocates. tests/ops/test_scale_layout.py checks the formula against
   offsets printed by CuTe itself.
 
+* Hopper ("hopper"): the plain grid transposed, MN-major: for an operand with `outer` block rows (its rows
+  for 1x128 blocks, ceil(rows / 128) for 128x128 ones) and `n` scales per row, a [n, round_up(outer, 4)]
+  tensor whose element [k, r] is the scale of block (r, k); the padding columns hold zeros (FP32 scales
+  only). This is what the sm_90a blockwise FP8 GEMM reads (`gemm_kernels.hopper_scales`: each K block's
+  scales contiguous along M or N, 16-byte aligned), so an operand quantized in it goes to the GEMM as is.
+
 Both directions are exact permutations (bit patterns are moved, never converted).
 """
 
@@ -26,7 +32,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ATOM_ROWS", "ATOM_SCALES", "blackwell_shape", "blackwell_offset", "to_blackwell", "from_blackwell"]
+__all__ = ["ATOM_ROWS", "ATOM_SCALES", "blackwell_shape", "blackwell_offset", "to_blackwell", "from_blackwell",
+           "hopper_shape", "to_hopper", "from_hopper"]
 
 ATOM_ROWS = 128
 ATOM_SCALES = 4
@@ -72,3 +79,26 @@ def from_blackwell(sf: torch.Tensor, rows: int, n: int) -> torch.Tensor:
         raise ValueError(f"a Blackwell scale tensor for [{rows}, {n}] has {pr * pn} elements, got {sf.numel()}")
     b = _as_bytes(sf.contiguous()).reshape(pr // 128, pn // 4, 32, 4, 4).permute(0, 3, 2, 1, 4)
     return b.reshape(pr, pn)[:rows, :n].contiguous().view(sf.dtype)
+
+
+def hopper_shape(outer: int, n: int) -> tuple[int, int]:
+    """[scales per row, padded block rows] of the Hopper layout of an [outer, n] scale grid."""
+    return n, _round_up(outer, 4)
+
+
+def to_hopper(scales: torch.Tensor) -> torch.Tensor:
+    """Plain [outer, n] scales -> the Hopper layout (see the module docstring), same dtype."""
+    if scales.dim() != 2:
+        raise ValueError(f"scales must be 2-D [outer, n], got shape {tuple(scales.shape)}")
+    outer, n = scales.shape
+    _, pitch = hopper_shape(outer, n)
+    return torch.nn.functional.pad(scales.t(), (0, pitch - outer)).contiguous()
+
+
+def from_hopper(sf: torch.Tensor, outer: int, n: int) -> torch.Tensor:
+    """The inverse of `to_hopper`: the plain [outer, n] scales (padding dropped)."""
+    if tuple(sf.shape) != hopper_shape(outer, n):
+        raise ValueError(f"a Hopper scale tensor for [{outer}, {n}] has shape {hopper_shape(outer, n)}, "
+                         f"got {tuple(sf.shape)}")
+    # copied into a fresh tensor: `.contiguous()` keeps a size-1 dimension's odd stride, which byte views refuse
+    return sf.new_empty((outer, n)).copy_(sf[:, :outer].t())

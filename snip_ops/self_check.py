@@ -74,6 +74,8 @@ def _same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 
 _QUANT_SPECS = ("e4m3/1x128/fp32/rne", "e4m3/128x128/fp32/rne", "e5m2/1x128/pow2/sr", "e2m1/1x16/nvfp4/sr",
                 "e2m1/1x32/e8m0/sr", "e4m3/1x32/e8m0/rne", "e2m1/16x16/fp32/rne")
+_LAYOUT_CASES = (("e4m3/1x128/fp32/rne", "hopper"), ("e4m3/128x128/fp32/rne", "hopper"), ("e5m2/1x128/pow2/sr", "hopper"),
+                 ("e2m1/1x16/nvfp4/sr", "blackwell"))
 
 # GEMM kernel -> (the qgemm path that runs it, the recipe whose GEMMs' operands it takes; E5M2 x E4M3
 # is the fp8_e5m2grad recipe's dgrad and wgrad)
@@ -86,18 +88,21 @@ GEMM_KERNELS = {"fp8_gemm_nt_blockwise": ("sm90_fp8", "fp8"),
 
 
 def quantize_case(device: torch.device, spec_text: str, dtype: torch.dtype, rows: int, cols: int,
-                  transpose: bool = False) -> None:
-    """snip_ops.quantize on `device` against the reference on the CPU, codes and scales bit for bit."""
+                  transpose: bool = False, scale_layout: str = "plain") -> None:
+    """snip_ops.quantize on `device` against the reference on the CPU, codes and scales (moved to
+    `scale_layout`, padding included) bit for bit."""
     from .formats import QuantSpec
     from .quantize import quantize
     from .reference import quantize as reference_quantize
+    from .scale_layout import to_blackwell, to_hopper
 
     x, spec = _data(rows, cols, dtype), QuantSpec.parse(spec_text)
-    case = f"{spec_text} {dtype} [{rows}, {cols}] transpose={transpose}"
-    got = quantize(x.to(device), spec, seed=3, offset=5, transpose=transpose)
+    case = f"{spec_text} {dtype} [{rows}, {cols}] transpose={transpose} {scale_layout} scales"
+    got = quantize(x.to(device), spec, seed=3, offset=5, transpose=transpose, scale_layout=scale_layout)
     want = reference_quantize(x, spec, seed=3, offset=5, transpose=transpose)
+    moved = {"plain": lambda s: s, "hopper": to_hopper, "blackwell": to_blackwell}[scale_layout](want.scales)
     _same(got.codes, want.codes, f"codes of {case}")
-    _same(got.scales, want.scales, f"scales of {case}")
+    _same(got.scales, moved, f"scales of {case}")
 
 
 def gemm_case(device: torch.device, kernel: str, m: int, n: int, k: int) -> None:
@@ -133,6 +138,9 @@ def _check_quantize(device: torch.device) -> None:
     cases = [(torch.float32, text) for text in _QUANT_SPECS] + [(torch.bfloat16, _QUANT_SPECS[0])]
     for (dtype, text), transpose in itertools.product(cases, (False, True)):
         quantize_case(device, text, dtype, 37, 300, transpose)
+    # the layouts the layer writes for its GEMMs (gemm_kernels.scale_layout_for); 37 rows pad the Hopper pitch
+    for (text, layout), transpose in itertools.product(_LAYOUT_CASES, (False, True)):
+        quantize_case(device, text, torch.bfloat16, 37, 300, transpose, layout)
 
 
 def _check_dequantize(device: torch.device) -> None:

@@ -95,7 +95,7 @@ def load() -> ctypes.CDLL:
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     i32, i64, u64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p
-    output = [ptr, i64, i64, ptr, i64, u64]  # codes, ld, inner_store, scales, nblk, offset
+    output = [ptr, i64, i64, ptr, i64, i64, u64]  # codes, ld, inner_store, scales, nblk, mn_pitch, offset
     lib.snip_quantize.argtypes = [i32, ptr, i32, i64, i64, i64, i32, i32, i32, i32, i32, u64, *output, *output, i32,
                                   ptr, ptr, i64]
     lib.snip_quantize_tensor_amax.argtypes = [ptr, i32, i64, i64, i64, ptr]
@@ -175,17 +175,22 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _shapes(spec: QuantSpec, outer: int, inner: int, pad: int, blackwell: bool):
+SCALE_LAYOUT = {"plain": 0, "blackwell": 1, "hopper": 2}  # quant::ScaleLayout
+
+
+def _shapes(spec: QuantSpec, outer: int, inner: int, pad: int, scale_layout: str):
     bo, bi = spec.block
     inner_store = _ceil_div(inner, pad) * pad
     width = _ceil_div(inner_store, 2) if spec.element.name == "e2m1" else inner_store
     nblk = _ceil_div(inner_store, bi)
-    scales = (_ceil_div(outer, 128) * 128, _ceil_div(nblk, 4) * 4) if blackwell else (_ceil_div(outer, bo), nblk)
+    scales = {"plain": (_ceil_div(outer, bo), nblk),
+              "blackwell": (_ceil_div(outer, 128) * 128, _ceil_div(nblk, 4) * 4),
+              "hopper": (nblk, _ceil_div(_ceil_div(outer, bo), 4) * 4)}[scale_layout]
     return (outer, width), scales, inner_store, nblk
 
 
 def quantize(x: torch.Tensor, spec: QuantSpec, rowwise=True, colwise=False, seed=0, offset=0, offset_t=0,
-             tensor_amax=None, blackwell=False, pad=1, hadamard_signs=-1):
+             tensor_amax=None, scale_layout="plain", pad=1, hadamard_signs=-1):
     """snip_C::quantize on the CPU: (codes, scales, codes_t, scales_t, tensor_scale), each the op's
     shape and dtype; unrequested outputs are empty. hadamard_signs >= 0: the column output of T x,
     transformed inside the CUDA kernels (the op's CUDA path)."""
@@ -196,22 +201,23 @@ def quantize(x: torch.Tensor, spec: QuantSpec, rowwise=True, colwise=False, seed
     assert x.stride(1) == 1 and (rowwise or colwise)  # empty inputs launch nothing: the op's torch side
     nvfp4 = spec.scale == ScaleKind.NVFP4
     xg = Guarded.copy_of(x)
-    outputs = [(on, *_shapes(spec, outer, inner, pad, blackwell), off)
+    outputs = [(on, *_shapes(spec, outer, inner, pad, scale_layout), off)
                for on, outer, inner, off in ((rowwise, rows, cols, offset), (colwise, cols, rows_t, offset_t))]
-    # Blackwell scales start as zeros (finite padding) when an output's real blocks leave atoms uncovered.
-    zero_sf = blackwell and any(on and (shape[0] % 128 != 0 or nblk % 4 != 0)
-                                for on, shape, _, _, nblk, _ in outputs)
+    # Padded scale layouts start as zeros (finite padding) where an output's real blocks leave some uncovered.
+    zero_sf = any(on and (scale_layout == "blackwell" and (shape[0] % 128 != 0 or nblk % 4 != 0)
+                          or scale_layout == "hopper" and _ceil_div(shape[0], spec.block[0]) % 4 != 0)
+                  for on, shape, _, _, nblk, _ in outputs)
     guarded, args = [], []
     for on, codes_shape, scales_shape, inner_store, nblk, off in outputs:
         if not on:
             guarded.append(None)
-            args += [None, 0, 0, None, 0, 0]
+            args += [None, 0, 0, None, 0, 0, 0]
             continue
         codes = Guarded.output(codes_shape, CODES_DTYPE[spec.element.name])
         scales = Guarded.output(scales_shape, SCALES_DTYPE[spec.scale], zero=zero_sf)
         guarded.append((codes, scales))
         args += [codes.tensor.data_ptr(), codes.tensor.stride(0), inner_store, scales.tensor.data_ptr(), nblk,
-                 off % 2**64]
+                 scales_shape[1] if scale_layout == "hopper" else 0, off % 2**64]
     amax = ts = None
     if nvfp4:
         ts = Guarded.output((), torch.float32)
@@ -229,7 +235,7 @@ def quantize(x: torch.Tensor, spec: QuantSpec, rowwise=True, colwise=False, seed
     tile = colwise or spec.block[0] != 1
     check_launch(lib, lib.snip_quantize(
         tile, xg.tensor.data_ptr(), DTYPE[x.dtype], rows, cols, x.stride(0), ELEM[spec.element.name], spec.block[0],
-        spec.block[1], SCALE_KIND[spec.scale], spec.rounding == Rounding.SR, seed % 2**64, *args, blackwell,
+        spec.block[1], SCALE_KIND[spec.scale], spec.rounding == Rounding.SR, seed % 2**64, *args, SCALE_LAYOUT[scale_layout],
         amax.tensor.data_ptr() if nvfp4 else None, ts.tensor.data_ptr() if nvfp4 else None, hadamard_signs))
     out = []
     for name, g in zip(("codes", "codes_t"), guarded):

@@ -7,8 +7,8 @@ results and run the same cases; each test file picks the specs and sizes it runs
 
 `expected(...)`: each output is `reference.quantize` of x (or x^T) zero-padded along its inner
 dimension to a multiple of `pad` (padding codes 0, padding-only blocks scale 1; SR bits keyed by
-the unpadded index), scales optionally permuted by `scale_layout.to_blackwell` (2-D blocks: one
-scale per row).
+the unpadded index), scales optionally moved by `scale_layout.to_blackwell` (2-D blocks: one
+scale per row) or `scale_layout.to_hopper`.
 
 `QuantizeCases`: the cases, run on one implementation against `expected`."""
 
@@ -20,7 +20,7 @@ import torch
 from snip_ops import reference
 from snip_ops import quantize as quantize_fn
 from snip_ops.formats import E2M1, E4M3, E5M2, QuantSpec, Rounding, ScaleKind
-from snip_ops.scale_layout import to_blackwell
+from snip_ops.scale_layout import to_blackwell, to_hopper
 
 OUTPUTS = ("codes", "scales", "codes_t", "scales_t", "tensor_scale")
 
@@ -29,7 +29,7 @@ def round_up(v, m):
     return -(-v // m) * m
 
 
-def padded(q, spec, pad, blackwell):
+def padded(q, spec, pad, scale_layout):
     """(codes, scales) of QTensor q as the op lays them out."""
     rows, inner = q.shape
     inner_p = round_up(inner, pad)
@@ -41,13 +41,15 @@ def padded(q, spec, pad, blackwell):
     bits = torch.int32 if q.scales.element_size() == 4 else torch.uint8  # move bit patterns only
     s = torch.ones(q.scales.shape[0], -(-inner_p // bc)).to(q.scales.dtype).view(bits)
     s[:, : q.scales.shape[1]] = q.scales.view(bits)
-    if blackwell:
+    if scale_layout == "blackwell":
         s = to_blackwell(s.repeat_interleave(br, dim=0)[:rows] if br > 1 else s)
+    elif scale_layout == "hopper":
+        s = to_hopper(s)
     return codes.view(q.codes.dtype), s.view(q.scales.dtype)
 
 
 def expected(x, spec, rowwise=True, colwise=False, seed=0, offset=0, offset_t=0, tensor_amax=None,
-             blackwell=False, pad=1):
+             scale_layout="plain", pad=1):
     """The five outputs of snip_C::quantize (None where the op returns an empty tensor)."""
     xc = x.cpu()
     ta = tensor_amax.cpu() if isinstance(tensor_amax, torch.Tensor) else tensor_amax
@@ -57,7 +59,7 @@ def expected(x, spec, rowwise=True, colwise=False, seed=0, offset=0, offset_t=0,
             out += [None, None]
             continue
         q = reference.quantize(xc, spec, seed=seed, offset=off, transpose=transpose, tensor_amax=ta)
-        out += list(padded(q, spec, pad, blackwell))
+        out += list(padded(q, spec, pad, scale_layout))
         ts = q.tensor_scale
     return (*out, ts)
 
@@ -161,6 +163,10 @@ SR_SPECS = RECIPE_SPECS + [QuantSpec(E5M2, (1, 128), rounding=Rounding.SR)]
 # The block-scaled operands of the Blackwell GEMMs: nvfp4, mxfp4, mxfp8.
 BLACKWELL_SPECS = [QuantSpec(E2M1, (1, 16), ScaleKind.NVFP4, Rounding.SR), QuantSpec(E2M1, (16, 16), ScaleKind.NVFP4),
                    QuantSpec(E2M1, (1, 32), ScaleKind.E8M0, Rounding.SR), QuantSpec(E4M3, (1, 32), ScaleKind.E8M0)]
+# The operands of the blockwise FP8 GEMMs, whose scales the quantizer can write MN-major ("hopper"): fp8's
+# activations, 128x128 weights and E5M2 gradients, fp4's E2M1 on Hopper, power-of-two scales.
+HOPPER_SPECS = [QuantSpec(E4M3, (1, 128)), QuantSpec(E4M3, (128, 128)), QuantSpec(E5M2, (1, 128), rounding=Rounding.SR),
+                QuantSpec(E2M1, (1, 128), rounding=Rounding.SR), QuantSpec(E4M3, (1, 128), ScaleKind.POW2)]
 PADDING_SPECS = RECIPE_SPECS + [QuantSpec(E5M2, (1, 16), ScaleKind.POW2, Rounding.SR)]
 DEQUANTIZE_SPECS = SPECS_1D[::2] + SPECS_2D[::2] + RECIPE_SPECS
 
@@ -173,11 +179,11 @@ def ids(spec):
 
 
 def snip_quantize(x, spec, rowwise=True, colwise=False, seed=0, offset=0, offset_t=0, tensor_amax=None,
-                  blackwell=False, pad=1):
+                  scale_layout="plain", pad=1):
     """The five outputs of snip_C::quantize, called with the keywords of `expected`."""
     i64 = lambda v: v - 2**64 if v >= 2**63 else v  # noqa: E731  (the op takes int64: same bits)
     return torch.ops.snip_C.quantize(x, spec.describe(), rowwise, colwise, i64(seed), i64(offset), i64(offset_t),
-                                     tensor_amax, blackwell, pad)
+                                     tensor_amax, scale_layout, pad)
 
 
 def snip_dequantize(codes, scales, tensor_scale, spec, cols, out_dtype):
@@ -332,10 +338,12 @@ class QuantizeCases:
         q = reference.QTensor(codes.cpu(), scales.cpu(), spec, (256, 384))
         assert torch.equal(q.t().codes, codes_t.cpu())
 
-    def blackwell_scale_layout(self, spec, shape, pad):
-        self.check(self.rand(shape, seed=3), spec, colwise=True, blackwell=True, pad=pad, seed=1, offset=3, offset_t=4)
+    def scale_layout(self, spec, shape, pad, layout):
+        """Both outputs, and the row output alone where the row-wise kernel takes it (1-D blocks)."""
+        x = self.rand(shape, seed=3)
+        self.check(x, spec, colwise=True, scale_layout=layout, pad=pad, seed=1, offset=3, offset_t=4)
         if spec.block[0] == 1:
-            self.check(self.rand(shape, seed=3), spec, blackwell=True, pad=pad, seed=1, offset=3)
+            self.check(x, spec, scale_layout=layout, pad=pad, seed=1, offset=3)
 
     def padding(self, spec, pad, shapes):
         for shape in shapes:

@@ -348,10 +348,13 @@ SNIP_QM int64_t blackwell_offset(int64_t r, int64_t k, int64_t n) {
   return ((r >> 7) * ((n + 3) >> 2) + (k >> 2)) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + (k & 3);
 }
 
-// Stores the bits of block scale (r, k) of an output: 4 bytes for FP32/POW2, else one byte.
+// Stores the bits of block scale (r, k) of an output (r: its block row): 4 bytes for FP32/POW2, else
+// one byte. The Hopper layout holds FP32/POW2 scales only (the op refuses others).
 SNIP_QM void store_scale(const Output& o, ScaleKind kind, int64_t r, int64_t k, uint32_t bits) {
-  if (o.blackwell) {
+  if (o.layout == ScaleLayout::kBlackwell) {
     static_cast<uint8_t*>(o.scales)[blackwell_offset(r, k, o.nblk)] = uint8_t(bits);
+  } else if (o.layout == ScaleLayout::kHopper) {
+    static_cast<uint32_t*>(o.scales)[k * o.mn_pitch + r] = bits;
   } else if (kind == ScaleKind::kFP32 || kind == ScaleKind::kPow2) {
     static_cast<uint32_t*>(o.scales)[r * o.nblk + k] = bits;
   } else {

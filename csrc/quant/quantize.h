@@ -25,15 +25,22 @@ struct Spec {
   bool sr;
 };
 
+// Where an output's block scales go (snip_ops/scale_layout.py). kPlain: [outer blocks, nblk]
+// row-major. kBlackwell: CUTLASS's Sm1xxBlockScaledConfig atoms (1-byte scales, 1-D blocks).
+// kHopper: the plain grid transposed, [nblk, mn_pitch] with mn_pitch = round_up(outer blocks, 4): the
+// MN-major float32 scales the sm_90a blockwise GEMM reads, so no GEMM call relays them out.
+enum class ScaleLayout : int { kPlain = 0, kBlackwell = 1, kHopper = 2 };
+
 // One output direction: codes of x (row) or of x^T (col), blocks running along its rows.
 // `codes == nullptr`: not requested.
 struct Output {
   void* codes = nullptr;     // [outer, inner_store] codes (FP4: packed, ceil(inner_store / 2) bytes per row)
   int64_t ld = 0;            // row stride of `codes`, bytes
   int64_t inner_store = 0;   // elements per row written: the inner extent plus zero padding
-  void* scales = nullptr;    // plain: [outer blocks, nblk] row-major; or the Blackwell layout
+  void* scales = nullptr;    // in `layout`
   int64_t nblk = 0;          // scales per row = ceil(inner_store / block along the inner dim)
-  bool blackwell = false;    // scales in CUTLASS's Sm1xxBlockScaledConfig layout (1-byte scales)
+  ScaleLayout layout = ScaleLayout::kPlain;
+  int64_t mn_pitch = 0;      // kHopper: elements between the scales of consecutive blocks along a row
   uint64_t offset = 0;       // Philox offset of this output's SR bits
 };
 

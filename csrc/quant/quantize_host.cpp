@@ -136,7 +136,7 @@ void quantize_rows(const Args& a, float ts) {
       for (int64_t k = 0; k < nblk; ++k) {
         const BlockScale bs = block_scale(amax[k], sp.scale, E, ts);
         scale[k] = bs.s;
-        if (br == 1 || !o.blackwell) {
+        if (br == 1 || o.layout != ScaleLayout::kBlackwell) {
           store_scale(o, sp.scale, br == 1 ? r0 : strip, k, bs.stored);
         } else {  // the Blackwell layout repeats a 2-D block's scale on each of its rows
           for (int64_t r = r0; r < r1; ++r) store_scale(o, sp.scale, r, k, bs.stored);
@@ -188,7 +188,7 @@ void quantize_cols(const Args& a, float ts) {
       for (int64_t col = 0; col < K; ++col) {
         const BlockScale bs = block_scale(amax[col], sp.scale, E, ts);
         scale[col] = bs.s;
-        if (!two_d || o.blackwell) {
+        if (!two_d || o.layout == ScaleLayout::kBlackwell) {
           store_scale(o, sp.scale, col, strip, bs.stored);
         } else if (col % b == 0) {
           store_scale(o, sp.scale, col / b, strip, bs.stored);

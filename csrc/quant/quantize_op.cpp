@@ -4,7 +4,9 @@
 //
 // Outputs (unrequested ones are empty [0] tensors of their dtype):
 //   codes   [M, Kp]            x quantized with blocks along its rows (FP4: [M, ceil(Kp / 2)] packed)
-//   scales  plain [ceil(M / br), ceil(Kp / bc)], or Blackwell [round_up(M, 128), round_up(ceil(Kp / bc), 4)]
+//   scales  by scale_layout (snip_ops/scale_layout.py): "plain" [ceil(M / br), ceil(Kp / bc)];
+//           "blackwell" [round_up(M, 128), round_up(ceil(Kp / bc), 4)]; "hopper" (FP32/POW2 scales of
+//           128-long blocks) the plain grid transposed, [ceil(Kp / bc), round_up(ceil(M / br), 4)]
 //   codes_t [K, Mp]            x^T quantized with blocks along its rows (the columns of x)
 //   scales_t                   the same for x^T (2-D blocks: the same values as `scales`, transposed)
 //   tensor_scale               0-d float32 (NVFP4), else [0]
@@ -54,22 +56,24 @@ c10::SymInt round_up(const c10::SymInt& a, int64_t b) { return ceil_div(a, b) * 
 // Shapes of one output: `outer` rows of `inner` elements (before padding), blocks of `bo` rows x
 // `bi` elements along the inner dimension.
 std::pair<std::vector<c10::SymInt>, std::vector<c10::SymInt>> output_shapes(
-    const Spec& s, const c10::SymInt& outer, const c10::SymInt& inner, int64_t pad, bool blackwell) {
+    const Spec& s, const c10::SymInt& outer, const c10::SymInt& inner, int64_t pad, quant::ScaleLayout layout) {
   const int64_t bi = s.block_cols, bo = s.block_rows;  // square 2-D blocks: bo == bi
   const c10::SymInt inner_store = round_up(inner, pad);
   const c10::SymInt width = s.elem == quant::Elem::kE2M1 ? ceil_div(inner_store, 2) : inner_store;
   const c10::SymInt nblk = ceil_div(inner_store, bi);
-  if (blackwell) return {{outer, width}, {round_up(outer, 128), round_up(nblk, 4)}};
+  if (layout == quant::ScaleLayout::kBlackwell) return {{outer, width}, {round_up(outer, 128), round_up(nblk, 4)}};
+  if (layout == quant::ScaleLayout::kHopper) return {{outer, width}, {nblk, round_up(ceil_div(outer, bo), 4)}};
   return {{outer, width}, {ceil_div(outer, bo), nblk}};
 }
 
 struct Checked {
   Spec spec;
   quant::InputDType dtype;
+  quant::ScaleLayout layout;
 };
 
 Checked check_args(const at::Tensor& x, c10::string_view spec, bool rowwise, bool colwise,
-                   const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad,
+                   const std::optional<at::Tensor>& tensor_amax, c10::string_view scale_layout, int64_t pad,
                    int64_t hadamard_signs) {
   TORCH_CHECK(x.dim() == 2, kOp, "x must be 2-D [rows, cols], got ", x.dim(), "-D");
   const quant::InputDType dt = quant::input_dtype(x.scalar_type(), kOp);
@@ -79,9 +83,20 @@ Checked check_args(const at::Tensor& x, c10::string_view spec, bool rowwise, boo
   const Spec s = quant::parse_spec(spec, kOp);
   TORCH_CHECK(rowwise || colwise, kOp, "request rowwise and/or colwise outputs");
   TORCH_CHECK(pad >= 1, kOp, "pad must be >= 1, got ", pad);
-  TORCH_CHECK(!blackwell_sf || ((s.scale == quant::ScaleKind::kE8M0 || s.scale == quant::ScaleKind::kNVFP4) &&
-                                (s.block_cols == 16 || s.block_cols == 32)),
-              kOp, "blackwell_sf needs 1-byte scales (e8m0, nvfp4) on 16- or 32-element blocks, got spec ", spec);
+  quant::ScaleLayout layout = quant::ScaleLayout::kPlain;
+  if (scale_layout == "blackwell") {
+    layout = quant::ScaleLayout::kBlackwell;
+    TORCH_CHECK((s.scale == quant::ScaleKind::kE8M0 || s.scale == quant::ScaleKind::kNVFP4) &&
+                    (s.block_cols == 16 || s.block_cols == 32),
+                kOp, "the blackwell scale layout needs 1-byte scales (e8m0, nvfp4) on 16- or 32-element blocks, "
+                "got spec ", spec);
+  } else if (scale_layout == "hopper") {
+    layout = quant::ScaleLayout::kHopper;
+    TORCH_CHECK((s.scale == quant::ScaleKind::kFP32 || s.scale == quant::ScaleKind::kPow2) && s.block_cols == 128,
+                kOp, "the hopper scale layout needs fp32 or pow2 scales on 128-element blocks, got spec ", spec);
+  } else {
+    TORCH_CHECK(scale_layout == "plain", kOp, "scale_layout must be plain, blackwell or hopper, got ", scale_layout);
+  }
   TORCH_CHECK(hadamard_signs >= -1 && hadamard_signs < (1 << quant::kHadamardSize), kOp,
               "hadamard_signs must be -1 (no transform) or a ", quant::kHadamardSize, "-bit sign mask, got ",
               hadamard_signs);
@@ -97,34 +112,34 @@ Checked check_args(const at::Tensor& x, c10::string_view spec, bool rowwise, boo
                 "tensor_amax must be a one-element floating tensor, got ", tensor_amax->sizes(), " ",
                 tensor_amax->scalar_type());
   }
-  return {s, dt};
+  return {s, dt, layout};
 }
 
 using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// Allocates every output (`zero_padded_sf`: Blackwell scales whose atoms are not all covered by
-// real blocks start as zeros, so their padding is finite).
-Result allocate(const at::Tensor& x, const Spec& s, bool rowwise, bool colwise, bool blackwell, int64_t pad,
-                bool zero_padded_sf, bool hadamard) {
+// Allocates every output (`zero_padded_sf`: scales whose padded layout is not all covered by real
+// blocks start as zeros, so their padding is finite).
+Result allocate(const at::Tensor& x, const Spec& s, bool rowwise, bool colwise, quant::ScaleLayout layout,
+                int64_t pad, bool zero_padded_sf, bool hadamard) {
   // Under the Hadamard transform the column output is that of T x, whose rows are x's padded to 16.
   const c10::SymInt K = x.sym_size(1);
   const c10::SymInt M = hadamard ? round_up(x.sym_size(0), quant::kHadamardSize) : x.sym_size(0);
   const auto codes_opt = x.options().dtype(quant::codes_dtype(s));
   const auto scales_opt = x.options().dtype(quant::scales_dtype(s));
   auto scales_alloc = [&](const std::vector<c10::SymInt>& shape) {
-    if (zero_padded_sf && blackwell) return at::zeros_symint(shape, scales_opt);
+    if (zero_padded_sf) return at::zeros_symint(shape, scales_opt);
     return at::empty_symint(shape, scales_opt);
   };
   const std::vector<c10::SymInt> none{c10::SymInt(0)};
   at::Tensor codes = at::empty_symint(none, codes_opt), scales = at::empty_symint(none, scales_opt);
   at::Tensor codes_t = codes, scales_t = scales;
   if (rowwise) {
-    const auto [c, sc] = output_shapes(s, M, K, pad, blackwell);
+    const auto [c, sc] = output_shapes(s, M, K, pad, layout);
     codes = at::empty_symint(c, codes_opt);
     scales = scales_alloc(sc);
   }
   if (colwise) {
-    const auto [c, sc] = output_shapes(s, K, M, pad, blackwell);
+    const auto [c, sc] = output_shapes(s, K, M, pad, layout);
     codes_t = at::empty_symint(c, codes_opt);
     scales_t = scales_alloc(sc);
   }
@@ -134,14 +149,15 @@ Result allocate(const at::Tensor& x, const Spec& s, bool rowwise, bool colwise, 
 }
 
 quant::Output output_of(const at::Tensor& codes, const at::Tensor& scales, const Spec& s, int64_t inner, int64_t pad,
-                        bool blackwell, uint64_t offset) {
+                        quant::ScaleLayout layout, uint64_t offset) {
   quant::Output o;
   o.codes = codes.data_ptr();
   o.ld = codes.stride(0);  // 1-byte codes: elements are bytes
   o.inner_store = (inner + pad - 1) / pad * pad;
   o.scales = scales.data_ptr();
   o.nblk = (o.inner_store + s.block_cols - 1) / s.block_cols;
-  o.blackwell = blackwell;
+  o.layout = layout;
+  o.mn_pitch = layout == quant::ScaleLayout::kHopper ? scales.size(1) : 0;
   o.offset = offset;
   return o;
 }
@@ -150,9 +166,9 @@ quant::Output output_of(const at::Tensor& codes, const at::Tensor& scales, const
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
     const at::Tensor& x, c10::string_view spec, bool rowwise, bool colwise, int64_t seed, int64_t offset,
-    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad,
+    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, c10::string_view scale_layout, int64_t pad,
     int64_t hadamard_signs) {
-  const auto [s, dt] = check_args(x, spec, rowwise, colwise, tensor_amax, blackwell_sf, pad, hadamard_signs);
+  const auto [s, dt, layout] = check_args(x, spec, rowwise, colwise, tensor_amax, scale_layout, pad, hadamard_signs);
   const bool cpu = x.is_cpu();
   TORCH_CHECK(cpu || x.is_cuda(), kOp, "x must be a CUDA or CPU tensor, got device ", x.device());
   const bool hadamard = hadamard_signs >= 0;
@@ -177,14 +193,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
     stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
   }
 #endif
-  // Blackwell atoms cover 128 rows x 4 blocks: zero-fill only when real blocks leave some uncovered.
+  // Blackwell atoms cover 128 rows x 4 blocks, Hopper columns 4 block rows: zero-fill only when real
+  // blocks leave some of that uncovered.
   auto padded_sf = [&](int64_t outer, int64_t inner) {
     const int64_t nblk = ((inner + pad - 1) / pad * pad + s.block_cols - 1) / s.block_cols;
-    return outer % 128 != 0 || nblk % 4 != 0;
+    if (layout == quant::ScaleLayout::kHopper) return (outer + s.block_rows - 1) / s.block_rows % 4 != 0;
+    return layout == quant::ScaleLayout::kBlackwell && (outer % 128 != 0 || nblk % 4 != 0);
   };
-  const bool zero_sf = blackwell_sf && ((rowwise && padded_sf(M, K)) || (colwise && padded_sf(K, M_out)));
+  const bool zero_sf = (rowwise && padded_sf(M, K)) || (colwise && padded_sf(K, M_out));
   auto [codes, scales, codes_t, scales_t, tensor_scale] =
-      allocate(x, s, rowwise, colwise, blackwell_sf, pad, zero_sf, hadamard);
+      allocate(x, s, rowwise, colwise, layout, pad, zero_sf, hadamard);
 
   const bool nvfp4 = s.scale == quant::ScaleKind::kNVFP4;
   at::Tensor amax;
@@ -227,8 +245,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
   a.seed = uint64_t(seed);
   a.hadamard = hadamard && !cpu;
   a.hadamard_signs = signs;
-  if (rowwise) a.row = output_of(codes, scales, s, K, pad, blackwell_sf, uint64_t(offset));
-  if (colwise) a.col = output_of(codes_t, scales_t, s, M_out, pad, blackwell_sf, uint64_t(offset_t));
+  if (rowwise) a.row = output_of(codes, scales, s, K, pad, layout, uint64_t(offset));
+  if (colwise) a.col = output_of(codes_t, scales_t, s, M_out, pad, layout, uint64_t(offset_t));
   a.tensor_amax = nvfp4 ? amax.data_ptr<float>() : nullptr;
   a.tensor_scale = nvfp4 ? tensor_scale.data_ptr<float>() : nullptr;
   if (cpu) {
@@ -244,12 +262,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_meta(
     const at::Tensor& x, c10::string_view spec, bool rowwise, bool colwise, int64_t seed, int64_t offset,
-    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, bool blackwell_sf, int64_t pad,
+    int64_t offset_t, const std::optional<at::Tensor>& tensor_amax, c10::string_view scale_layout, int64_t pad,
     int64_t hadamard_signs) {
   (void)seed, (void)offset, (void)offset_t;
-  const auto [s, dt] = check_args(x, spec, rowwise, colwise, tensor_amax, blackwell_sf, pad, hadamard_signs);
+  const auto [s, dt, layout] = check_args(x, spec, rowwise, colwise, tensor_amax, scale_layout, pad, hadamard_signs);
   (void)dt;
-  return allocate(x, s, rowwise, colwise, blackwell_sf, pad, false, hadamard_signs >= 0);
+  return allocate(x, s, rowwise, colwise, layout, pad, false, hadamard_signs >= 0);
 }
 
 }  // namespace snip

@@ -195,7 +195,7 @@ quantize_tile_kernel(const Args a, const Flags f) {
   if (rows_out) {
     // 2-D plain: one scale per block; otherwise one per row of a block (the Blackwell layout
     // repeats a 16x16 block's scale on each of its rows).
-    const bool per_row = !two_d || a.row.blackwell;
+    const bool per_row = !two_d || a.row.layout == ScaleLayout::kBlackwell;
     const bool writer = cc % (B / kPatchCols) == 0 && c0 < a.row.inner_store &&
                         (per_row || rq % (br / kPatchRows) == 0);
 #pragma unroll
@@ -207,7 +207,7 @@ quantize_tile_kernel(const Args a, const Flags f) {
     }
   }
   if (cols_out) {
-    const bool per_row = !two_d || a.col.blackwell;
+    const bool per_row = !two_d || a.col.layout == ScaleLayout::kBlackwell;
     const bool writer = rq % (br / kPatchRows) == 0 && r0 < a.col.inner_store &&
                         (per_row || cc % (B / kPatchCols) == 0);
 #pragma unroll

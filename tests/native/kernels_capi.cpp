@@ -14,6 +14,7 @@ using snip::quant::Elem;
 using snip::quant::InputDType;
 using snip::quant::Output;
 using snip::quant::ScaleKind;
+using snip::quant::ScaleLayout;
 using snip::quant::Spec;
 
 // tests/cuda_host.py writes TensorSlot and Scalars as arrays of 8-byte fields / of floats.
@@ -26,15 +27,16 @@ Spec spec_of(int elem, int block_rows, int block_cols, int scale, int sr) {
   return Spec{Elem(elem), block_rows, block_cols, ScaleKind(scale), sr != 0};
 }
 
-Output output_of(void* codes, int64_t ld, int64_t inner_store, void* scales, int64_t nblk, int blackwell,
-                 uint64_t offset) {
+Output output_of(void* codes, int64_t ld, int64_t inner_store, void* scales, int64_t nblk, int64_t mn_pitch,
+                 int scale_layout, uint64_t offset) {
   Output o;
   o.codes = codes;
   o.ld = ld;
   o.inner_store = inner_store;
   o.scales = scales;
   o.nblk = nblk;
-  o.blackwell = blackwell != 0;
+  o.layout = ScaleLayout(scale_layout);
+  o.mn_pitch = mn_pitch;
   o.offset = offset;
   return o;
 }
@@ -42,12 +44,14 @@ Output output_of(void* codes, int64_t ld, int64_t inner_store, void* scales, int
 }  // namespace
 
 // launch_quantize_tile when `tile`, else launch_quantize_rows. An output with null codes is not
-// requested. hadamard_signs >= 0: the column output of T x (Args::hadamard).
+// requested. scale_layout: ScaleLayout's value, mn_pitch its Hopper pitch. hadamard_signs >= 0: the
+// column output of T x (Args::hadamard).
 extern "C" int snip_quantize(int tile, const void* x, int dtype, int64_t rows, int64_t cols, int64_t ld, int elem,
                              int block_rows, int block_cols, int scale, int sr, uint64_t seed, void* codes,
-                             int64_t codes_ld, int64_t inner_store, void* scales, int64_t nblk, uint64_t offset,
-                             void* codes_t, int64_t codes_t_ld, int64_t inner_store_t, void* scales_t, int64_t nblk_t,
-                             uint64_t offset_t, int blackwell, const float* tensor_amax, float* tensor_scale,
+                             int64_t codes_ld, int64_t inner_store, void* scales, int64_t nblk, int64_t mn_pitch,
+                             uint64_t offset, void* codes_t, int64_t codes_t_ld, int64_t inner_store_t, void* scales_t,
+                             int64_t nblk_t, int64_t mn_pitch_t, uint64_t offset_t, int scale_layout,
+                             const float* tensor_amax, float* tensor_scale,
                              int64_t hadamard_signs) {
   snip::quant::Args a{};
   a.x = x;
@@ -57,8 +61,10 @@ extern "C" int snip_quantize(int tile, const void* x, int dtype, int64_t rows, i
   a.ld = ld;
   a.spec = spec_of(elem, block_rows, block_cols, scale, sr);
   a.seed = seed;
-  if (codes != nullptr) a.row = output_of(codes, codes_ld, inner_store, scales, nblk, blackwell, offset);
-  if (codes_t != nullptr) a.col = output_of(codes_t, codes_t_ld, inner_store_t, scales_t, nblk_t, blackwell, offset_t);
+  if (codes != nullptr) a.row = output_of(codes, codes_ld, inner_store, scales, nblk, mn_pitch, scale_layout, offset);
+  if (codes_t != nullptr) {
+    a.col = output_of(codes_t, codes_t_ld, inner_store_t, scales_t, nblk_t, mn_pitch_t, scale_layout, offset_t);
+  }
   a.tensor_amax = tensor_amax;
   a.tensor_scale = tensor_scale;
   a.hadamard = hadamard_signs >= 0;

@@ -117,7 +117,8 @@ def test_layout_is_blackwell_where_the_sm100_kernel_runs(monkeypatch):
     monkeypatch.setattr(gk._ext, "kernel_available", lambda op, device: True)
     for spec in SPECS.values():
         assert gk.scale_layout_for(spec, "cuda") == "blackwell"
-    assert gk.scale_layout_for(QuantSpec(E4M3, (1, 128), ScaleKind.FP32), "cuda") == "plain"
+    # sm_100a's blockwise FP8 kernel reads the Hopper layout (tests/ops/test_hopper_scale_operands.py)
+    assert gk.scale_layout_for(QuantSpec(E4M3, (1, 128), ScaleKind.FP32), "cuda") == "hopper"
     assert gk.scale_layout_for(QuantSpec(E2M1, (1, 32), ScaleKind.NVFP4), "cuda") == "plain"
     monkeypatch.setattr(gk._ext, "kernel_available", lambda op, device: op != "mxfp8_gemm_nt")
     assert gk.scale_layout_for(SPECS["mxfp8"], "cuda") == "plain"

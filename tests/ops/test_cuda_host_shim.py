@@ -78,8 +78,8 @@ def _quantize_rows(lib, x, cols, codes, inner_store):
     scales = cuda_host.Guarded.output((x.shape[0], 1), torch.float32)
     cuda_host.check_launch(lib, lib.snip_quantize(
         0, x.data_ptr(), cuda_host.DTYPE[x.dtype], x.shape[0], cols, x.stride(0), cuda_host.ELEM["e4m3"], 1, 128, 0, 0,
-        0, codes.tensor.data_ptr(), codes.tensor.stride(0), inner_store, scales.tensor.data_ptr(), 1, 0,
-        None, 0, 0, None, 0, 0, 0, None, None, -1))
+        0, codes.tensor.data_ptr(), codes.tensor.stride(0), inner_store, scales.tensor.data_ptr(), 1, 0, 0,
+        None, 0, 0, None, 0, 0, 0, 0, None, None, -1))
     return scales
 
 

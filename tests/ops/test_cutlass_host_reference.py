@@ -128,18 +128,34 @@ def _randn(rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
     return torch.randn(rows, cols, generator=g) * octaves(rows, 1) * octaves(1, cols)
 
 
-def _linear_operands(name: str, gemm: str, m: int, n: int, k: int, seed: int = 0) -> tuple[QTensor, QTensor]:
-    """(a [m, k], b [n, k]) of one GEMM of a linear layer under recipe `name`, by snip_ops.quantize."""
+def _gemm_layout(spec: QuantSpec, arch: str) -> str:
+    """The scale layout snip_ops.linear quantizes an operand of `spec` in for a GEMM on `arch`
+    (gemm_kernels.scale_layout_for where that arch's kernels are usable)."""
+    if gk._blockwise_spec(spec):
+        return "hopper"
+    if arch == "sm100" and gk._blackwell_format(spec) is not None and spec.block[0] == 1:
+        return "blackwell"
+    return "plain"
+
+
+def _linear_operands(name: str, gemm: str, m: int, n: int, k: int, seed: int = 0,
+                     arch: str | None = None) -> tuple[QTensor, QTensor]:
+    """(a [m, k], b [n, k]) of one GEMM of a linear layer under recipe `name`, by snip_ops.quantize: with
+    plain scales, or with `arch` in the scale layout the layer writes for that arch's GEMMs."""
     g = torch.Generator().manual_seed(seed)
     r = recipe(name)
+
+    def q(x, spec, transpose=False):
+        return quantize(x, spec, transpose=transpose, scale_layout="plain" if arch is None else _gemm_layout(spec, arch))
     if gemm == "fprop":  # x [m, k], w [n, k]
-        return quantize(_randn(m, k, g), r.act), quantize(_randn(n, k, g), r.weight)
+        return q(_randn(m, k, g), r.act), q(_randn(n, k, g), r.weight)
     if gemm == "dgrad":  # dy [m, k], w [k, n] -> b = w^T, square weight blocks shared with fprop
         dy, w = _randn(m, k, g), _randn(k, n, g)
-        b = quantize(w, r.weight).t() if r.weight.block[0] == r.weight.block[1] else quantize(w, r.weight, transpose=True)
-        return quantize(dy, r.grad), b
+        square = r.weight.block[0] == r.weight.block[1]
+        b = quantize(w, r.weight).t() if square and arch is None else q(w, r.weight, transpose=True)
+        return q(dy, r.grad), b
     dy, x = _randn(k, m, g), _randn(k, n, g)  # wgrad: a = dy^T, b = x^T
-    return quantize(dy, r.grad, transpose=True), quantize(x, r.act, transpose=True)
+    return q(dy, r.grad, transpose=True), q(x, r.act, transpose=True)
 
 
 def _prepare(info: dict[str, str], name: str, a: QTensor, b: QTensor):
@@ -196,6 +212,18 @@ def test_host_reference_matches_dequantized_gemm(arch, variant, m, n, k):
         a, b = _linear_operands(name, gemm, m, n, k)
         what = f"{variant} {name} {gemm} M={m} N={n} K={k}"
         _check_gemm(lib, variant, info, a, b, _prepare(info, name, a, b), what)
+
+
+@pytest.mark.parametrize("arch, variant", VARIANTS)
+def test_host_reference_reads_the_quantizers_gemm_layout(arch, variant):
+    """Operands whose scales the quantizer wrote in the layout of their GEMM (scale_layout "hopper" /
+    "blackwell", which the preparation hands over without a relayout) give the GEMM of the dequantized
+    operands too: the layout the quantizer writes is the one the kernel reads."""
+    lib, info = _host(arch, variant)
+    m, n, k = 129, 203, 300  # block rows not a multiple of 4, N padded past the scale pitch for BF16 output
+    for name, gemm in _cases(info):
+        a, b = _linear_operands(name, gemm, m, n, k, arch=arch)
+        _check_gemm(lib, variant, info, a, b, _prepare(info, name, a, b), f"{variant} {name} {gemm} ({a.scale_layout})")
 
 
 @pytest.mark.parametrize("arch, variant", VARIANTS)

@@ -40,8 +40,8 @@ def _shim(x, spec, seed=5, offset=9, **kw):
                               hadamard_signs=sign_mask(SIGNS), **kw)
 
 
-def _cpu_op(x, spec, seed=5, offset=9, tensor_amax=None, blackwell=False, pad=1):
-    return torch.ops.snip_C.quantize(x, spec.describe(), False, True, seed, 0, offset, tensor_amax, blackwell, pad,
+def _cpu_op(x, spec, seed=5, offset=9, tensor_amax=None, scale_layout="plain", pad=1):
+    return torch.ops.snip_C.quantize(x, spec.describe(), False, True, seed, 0, offset, tensor_amax, scale_layout, pad,
                                      sign_mask(SIGNS))
 
 
@@ -74,7 +74,7 @@ def test_kernels_input_dtypes_strides_padding_and_layouts(shim, dtype):
     strided = rand((70, 64), dtype=dtype, seed=2)[:, 3:51]  # row stride 64, misaligned start
     _check(_shim(strided, spec), strided, spec)
     _check(_shim(x, spec, pad=32), x, spec, pad=32)
-    _check(_shim(x, spec, blackwell=True), x, spec, blackwell=True)
+    _check(_shim(x, spec, scale_layout="blackwell"), x, spec, scale_layout="blackwell")
     _check(_shim(x, spec, tensor_amax=torch.tensor(100.0)), x, spec, tensor_amax=torch.tensor(100.0))
 
 
@@ -101,18 +101,18 @@ def test_cpu_op_padding_layouts_and_dtypes():
     spec = recipe("nvfp4_train").grad
     for dtype in (torch.float32, torch.float16):
         x = rand((70, 48), dtype=dtype, seed=4)
-        _check(_cpu_op(x, spec, pad=32, blackwell=True), x, spec, pad=32, blackwell=True)
+        _check(_cpu_op(x, spec, pad=32, scale_layout="blackwell"), x, spec, pad=32, scale_layout="blackwell")
 
 
 @needs_cpu_op
 def test_cpu_op_refuses_what_the_transform_does_not_cover():
     x = rand((32, 16))
     with pytest.raises(RuntimeError, match="column output only"):
-        torch.ops.snip_C.quantize(x, recipe("nvfp4_train").act.describe(), True, True, 0, 0, 0, None, False, 1, 5)
+        torch.ops.snip_C.quantize(x, recipe("nvfp4_train").act.describe(), True, True, 0, 0, 0, None, "plain", 1, 5)
     with pytest.raises(RuntimeError, match="1x16 blocks"):
-        torch.ops.snip_C.quantize(x, "e2m1/1x32/e8m0/rne", False, True, 0, 0, 0, None, False, 1, 5)
+        torch.ops.snip_C.quantize(x, "e2m1/1x32/e8m0/rne", False, True, 0, 0, 0, None, "plain", 1, 5)
     with pytest.raises(RuntimeError, match="16-bit sign mask"):
-        torch.ops.snip_C.quantize(x, recipe("nvfp4_train").act.describe(), False, True, 0, 0, 0, None, False, 1,
+        torch.ops.snip_C.quantize(x, recipe("nvfp4_train").act.describe(), False, True, 0, 0, 0, None, "plain", 1,
                                   1 << 16)
 
 
@@ -140,5 +140,5 @@ def test_cuda_op(spec, shape):
     if not _ext.kernel_compiled("quantize", "cuda"):
         pytest.skip(f"quantize not compiled for this GPU (or no GPU): {_ext.build_info()}")
     x = rand(shape, seed=shape[0])
-    got = torch.ops.snip_C.quantize(x.cuda(), spec.describe(), False, True, 5, 0, 9, None, False, 1, sign_mask(SIGNS))
+    got = torch.ops.snip_C.quantize(x.cuda(), spec.describe(), False, True, 5, 0, 9, None, "plain", 1, sign_mask(SIGNS))
     _check([t.cpu() for t in got], x, spec)

@@ -9,7 +9,7 @@ import torch
 
 from snip_ops import _ext, reference
 from snip_ops.formats import E2M1, E3M2, E4M3, E5M2, RECIPES, QuantSpec, Rounding, ScaleKind, exmy
-from snip_ops.scale_layout import blackwell_shape
+from snip_ops.scale_layout import blackwell_shape, hopper_shape
 
 qmod = import_module("snip_ops.quantize")  # the module; snip_ops.quantize is the function
 needs_op = pytest.mark.skipif(
@@ -126,7 +126,7 @@ def test_schemas():
     q = str(torch.ops.snip_C.quantize.default._schema)
     assert q == (
         "snip_C::quantize(Tensor x, str spec, bool rowwise=True, bool colwise=False, int seed=0, int offset=0, "
-        "int offset_t=0, Tensor? tensor_amax=None, bool blackwell_sf=False, int pad=1, int hadamard_signs=-1) -> "
+        "int offset_t=0, Tensor? tensor_amax=None, str scale_layout=\"plain\", int pad=1, int hadamard_signs=-1) -> "
         "(Tensor codes, Tensor scales, Tensor codes_t, Tensor scales_t, Tensor tensor_scale)"
     )
     d = str(torch.ops.snip_C.dequantize.default._schema)
@@ -138,7 +138,7 @@ def test_schemas():
 
 def _meta(shape, spec, **kw):
     x = torch.empty(shape, dtype=torch.bfloat16, device="meta")
-    args = dict(rowwise=True, colwise=True, seed=0, offset=0, offset_t=0, tensor_amax=None, blackwell_sf=False, pad=1,
+    args = dict(rowwise=True, colwise=True, seed=0, offset=0, offset_t=0, tensor_amax=None, scale_layout="plain", pad=1,
                 hadamard_signs=-1)
     args.update(kw)
     return torch.ops.snip_C.quantize(x, spec.describe(), *args.values())
@@ -180,11 +180,11 @@ def test_meta_shapes_under_the_hadamard_transform(shape):
 
 @needs_op
 @pytest.mark.parametrize("pad", [1, 16, 32, 128])
-def test_meta_padding_and_blackwell_layout(pad):
+def test_meta_padding_and_scale_layouts(pad):
     rows, cols = 300, 1000
     up = lambda v: -(-v // pad) * pad  # noqa: E731
     spec = QuantSpec(E2M1, (1, 16), ScaleKind.NVFP4, Rounding.SR)
-    codes, scales, codes_t, scales_t, _ = _meta((rows, cols), spec, blackwell_sf=True, pad=pad)
+    codes, scales, codes_t, scales_t, _ = _meta((rows, cols), spec, scale_layout="blackwell", pad=pad)
     assert codes.shape == (rows, -(-up(cols) // 2)) and codes_t.shape == (cols, -(-up(rows) // 2))
     assert scales.shape == blackwell_shape(rows, -(-up(cols) // 16)) and scales.dtype == torch.float8_e4m3fn
     assert scales_t.shape == blackwell_shape(cols, -(-up(rows) // 16))
@@ -192,6 +192,13 @@ def test_meta_padding_and_blackwell_layout(pad):
     codes, scales, codes_t, scales_t, _ = _meta((rows, cols), spec, pad=pad)
     assert codes.shape == (rows, up(cols)) and scales.shape == (3, -(-up(cols) // 128))
     assert codes_t.shape == (cols, up(rows)) and scales_t.shape == (8, -(-up(rows) // 128))
+    _, scales, _, scales_t, _ = _meta((rows, cols), spec, scale_layout="hopper", pad=pad)
+    assert scales.shape == hopper_shape(3, -(-up(cols) // 128)) and scales.dtype == torch.float32
+    assert scales_t.shape == hopper_shape(8, -(-up(rows) // 128))
+    spec = QuantSpec(E4M3, (1, 128), ScaleKind.POW2)
+    _, scales, _, scales_t, _ = _meta((rows, cols), spec, scale_layout="hopper", pad=pad)
+    assert scales.shape == hopper_shape(rows, -(-up(cols) // 128))
+    assert scales_t.shape == hopper_shape(cols, -(-up(rows) // 128))
 
 
 @needs_op
@@ -199,7 +206,7 @@ def test_traces_with_symbolic_shapes():
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def f(x):
-        return torch.ops.snip_C.quantize(x, "e2m1/1x16/nvfp4/sr", True, True, 1, 2, 3, None, False, 1)
+        return torch.ops.snip_C.quantize(x, "e2m1/1x16/nvfp4/sr", True, True, 1, 2, 3, None, "plain", 1)
 
     gm = make_fx(f, tracing_mode="symbolic")(torch.empty(6, 300, dtype=torch.bfloat16))
     node = next(n for n in gm.graph.nodes if n.op == "call_function" and "quantize" in str(n.target))
@@ -234,9 +241,12 @@ X = torch.zeros(4, 256, dtype=torch.bfloat16)
         ((X, "e4m3/1x16/nvfp4/rne"), "e2m1 elements only"),
         ((X, "e4m3-1x128"), "is not"),
         ((X, "e4m3/1x128/fp32/rne", False, False), "rowwise and/or colwise"),
-        ((X, "e4m3/1x128/fp32/rne", True, False, 0, 0, 0, None, False, 0), "pad must be >= 1"),
-        ((X, "e4m3/1x32/fp32/rne", True, False, 0, 0, 0, None, True), "blackwell_sf needs 1-byte scales"),
-        ((X, "e4m3/1x128/e8m0/rne", True, False, 0, 0, 0, None, True), "blackwell_sf needs"),
+        ((X, "e4m3/1x128/fp32/rne", True, False, 0, 0, 0, None, "plain", 0), "pad must be >= 1"),
+        ((X, "e4m3/1x32/fp32/rne", True, False, 0, 0, 0, None, "blackwell"), "blackwell scale layout needs 1-byte"),
+        ((X, "e4m3/1x128/e8m0/rne", True, False, 0, 0, 0, None, "blackwell"), "blackwell scale layout needs"),
+        ((X, "e4m3/1x128/e8m0/rne", True, False, 0, 0, 0, None, "hopper"), "hopper scale layout needs fp32 or pow2"),
+        ((X, "e4m3/1x32/fp32/rne", True, False, 0, 0, 0, None, "hopper"), "on 128-element blocks"),
+        ((X, "e4m3/1x128/fp32/rne", True, False, 0, 0, 0, None, "row-major"), "plain, blackwell or hopper"),
         ((X, "e4m3/1x32/e8m0/rne", True, False, 0, 0, 0, torch.ones(())), "only used by nvfp4"),
         ((X, "e2m1/1x16/nvfp4/rne", True, False, 0, 0, 0, torch.ones(2)), "one-element floating"),
     ],

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import quant_cases
-from quant_cases import (BLACKWELL_SPECS, DEQUANTIZE_SPECS, DTYPES, NON_FINITE, NVFP4_SPECS, PADDING_SPECS,
-                         RECIPE_SPECS, SPECS_1D, SPECS_2D, SR_SPECS, TENSOR_AMAXES, QuantizeCases, assert_outputs,
-                         assert_same, assert_same_values, dispatched, ids, snip_dequantize, snip_quantize)
+from quant_cases import (BLACKWELL_SPECS, HOPPER_SPECS, DEQUANTIZE_SPECS, DTYPES, NON_FINITE, NVFP4_SPECS,
+                         PADDING_SPECS, RECIPE_SPECS, SPECS_1D, SPECS_2D, SR_SPECS, TENSOR_AMAXES, QuantizeCases,
+                         assert_outputs, assert_same, assert_same_values, dispatched, ids, snip_dequantize,
+                         snip_quantize)
 from snip_ops import _ext, reference
 from snip_ops import quantize as quantize_fn
 from snip_ops.formats import E2M1, E4M3, E5M2, QuantSpec, Rounding, ScaleKind
@@ -143,7 +144,15 @@ def test_sr_transposed_output_uses_the_elements_own_words():
 @pytest.mark.parametrize("shape", [(1, 16), (100, 200), (128, 256), (300, 1000), (257, 64)], ids=str)
 @pytest.mark.parametrize("pad", [1, 32, 128])
 def test_blackwell_scale_layout(spec, shape, pad):
-    CASES.blackwell_scale_layout(spec, shape, pad)
+    CASES.scale_layout(spec, shape, pad, "blackwell")
+
+
+# Block rows that are and are not multiples of 4 (zero-padded columns), one and several tiles and K blocks.
+@pytest.mark.parametrize("spec", HOPPER_SPECS, ids=ids)
+@pytest.mark.parametrize("shape", [(1, 128), (7, 129), (128, 256), (257, 130), (300, 1000)], ids=str)
+@pytest.mark.parametrize("pad", [1, 16])
+def test_hopper_scale_layout(spec, shape, pad):
+    CASES.scale_layout(spec, shape, pad, "hopper")
 
 
 @pytest.mark.parametrize("spec", PADDING_SPECS, ids=ids)
