@@ -14,10 +14,14 @@
 // with the padded pitch) and leave as coalesced 32-bit stores along the rows of x^T.
 // __launch_bounds__(512, 2) caps registers at 64 so that two CTAs share an SM and one loads while
 // the other computes (a few bytes spill on 16-bit inputs, more on float32).
-// The Hadamard variant (kHad: column output only, 1x16 blocks, nvfp4_train's wgrad operands) quantizes
+// Three instantiations per (input, element, rounding) (TileKind): kAny reads its blocks and outputs from
+// the arguments; kRowCol128 (the layer's hot case: both outputs of 1x128 blocks) and kHadamard fix theirs at
+// compile time, so the compiler drops the other cases' code and live ranges, which spill under the
+// 64-register cap; the same arithmetic, so the same bits.
+// The Hadamard variant (kHadamard: column output only, 1x16 blocks, nvfp4_train's wgrad operands) quantizes
 // (T x)^T: a 16-row group is 4 row quads, lanes lane ^ 1 and lane ^ 2 of one another, so the
 // transform's first two butterfly stages run inside a thread's patch and the last two through
-// shuffles; it keeps the transformed patch in float32 (32 more registers, which spill).
+// shuffles; it keeps the transformed patch in float32 (32 more registers).
 #include <algorithm>
 
 #include "kernel_launch.cuh"
@@ -83,15 +87,18 @@ __device__ __forceinline__ void hadamard_patch(float (&h)[kPatchRows][kPatchCols
     for (int i = 0; i < kPatchCols; ++i) h[j][i] = mul_rn(h[j][i], 0.25f);
 }
 
+enum class TileKind { kAny, kRowCol128, kHadamard };
+
 struct Flags {
   bool vec_in;     // x rows 16-byte aligned
   bool vec_row;    // code rows of x allow one 8-byte (FP8) / 4-byte (FP4) store per patch row
   bool vec_col;    // code rows of x^T allow 32-bit stores
 };
 
-template <typename T, Elem E, bool kSR, bool kHad>
+template <typename T, Elem E, bool kSR, TileKind kKind>
 __global__ void __launch_bounds__(kThreads, 2)
 quantize_tile_kernel(const Args a, const Flags f) {
+  constexpr bool kHad = kKind == TileKind::kHadamard, kRowCol128 = kKind == TileKind::kRowCol128;
   constexpr bool kFp4 = E == Elem::kE2M1;
   constexpr int kBits = kCodeBits<E>;
   // x^T codes of the tile: one row per tile column; +4 bytes make the pitch an odd number of words.
@@ -106,9 +113,12 @@ quantize_tile_kernel(const Args a, const Flags f) {
   const int64_t tiles_c = (max(a.cols, a.row.inner_store) + kTile - 1) / kTile;
   const int64_t tile_r = int64_t(blockIdx.x) / tiles_c * kTile, tile_c = int64_t(blockIdx.x) % tiles_c * kTile;
   const int64_t r0 = tile_r + kPatchRows * rq, c0 = tile_c + kPatchCols * cc;
-  const bool rows_out = a.row.codes != nullptr, cols_out = a.col.codes != nullptr;
-  const bool two_d = a.spec.block_rows > 1;
-  const int B = a.spec.block_cols;  // 1-D: block length, along x's rows for x, along its columns for x^T
+  // What the kinds fix (their launchers check the arguments agree); kAny reads it from the arguments.
+  const bool rows_out = kRowCol128 || (!kHad && a.row.codes != nullptr);
+  const bool cols_out = kRowCol128 || kHad || a.col.codes != nullptr;
+  const bool two_d = kKind == TileKind::kAny && a.spec.block_rows > 1;
+  // 1-D: block length, along x's rows for x, its columns for x^T
+  const int B = kRowCol128 ? kTile : kHad ? kHadamardSize : a.spec.block_cols;
 
   Run<T, kPatchCols> v[kPatchRows];
 #pragma unroll
@@ -306,7 +316,7 @@ quantize_tile_kernel(const Args a, const Flags f) {
   }
 }
 
-template <typename T, Elem E, bool kSR, bool kHad>
+template <typename T, Elem E, bool kSR, TileKind kKind>
 cudaError_t launch(const Args& a, cudaStream_t stream) {
   const int64_t rows = a.col.codes ? std::max(a.rows, a.col.inner_store) : a.rows;
   const int64_t cols = a.row.codes ? std::max(a.cols, a.row.inner_store) : a.cols;
@@ -317,8 +327,16 @@ cudaError_t launch(const Args& a, cudaStream_t stream) {
   f.vec_in = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && (a.ld * int64_t(sizeof(T))) % 16 == 0;
   f.vec_row = reinterpret_cast<uintptr_t>(a.row.codes) % kRowBytes == 0 && a.row.ld % kRowBytes == 0;
   f.vec_col = reinterpret_cast<uintptr_t>(a.col.codes) % 4 == 0 && a.col.ld % 4 == 0;
-  launch_kernel(quantize_tile_kernel<T, E, kSR, kHad>, unsigned(tiles), kThreads, 0, stream, a, f);
+  launch_kernel(quantize_tile_kernel<T, E, kSR, kKind>, unsigned(tiles), kThreads, 0, stream, a, f);
   return cudaGetLastError();
+}
+
+// kRowCol128 where it applies, else kAny.
+template <typename T, Elem E, bool kSR>
+cudaError_t launch_any(const Args& a, cudaStream_t stream) {
+  if (a.spec.block_rows == 1 && a.spec.block_cols == kTile && a.row.codes != nullptr && a.col.codes != nullptr)
+    return launch<T, E, kSR, TileKind::kRowCol128>(a, stream);
+  return launch<T, E, kSR, TileKind::kAny>(a, stream);
 }
 
 }  // namespace
@@ -330,9 +348,13 @@ cudaError_t launch_quantize_tile(const Args& a, cudaStream_t stream) {
   if (!(one_d || two_d) || (a.row.codes == nullptr && a.col.codes == nullptr)) return cudaErrorInvalidValue;
   if (a.hadamard) {
     if (a.row.codes != nullptr || a.col.codes == nullptr || br != 1 || bc != kHadamardSize) return cudaErrorInvalidValue;
-    return dispatch_quantize(a, [&]<typename T, Elem E, bool kSR>() { return launch<T, E, kSR, true>(a, stream); });
+    return dispatch_quantize(a, [&]<typename T, Elem E, bool kSR>() {
+      return launch<T, E, kSR, TileKind::kHadamard>(a, stream);
+    });
   }
-  return dispatch_quantize(a, [&]<typename T, Elem E, bool kSR>() { return launch<T, E, kSR, false>(a, stream); });
+  return dispatch_quantize(a, [&]<typename T, Elem E, bool kSR>() {
+    return launch_any<T, E, kSR>(a, stream);
+  });
 }
 
 }  // namespace snip::quant
