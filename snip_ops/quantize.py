@@ -24,7 +24,7 @@ from . import _ext, philox, reference
 from .formats import E2M1, E4M3, E5M2, QuantSpec, Rounding, ScaleKind
 from .hadamard import HADAMARD_SIZE, padded_tokens, random_hadamard, sign_mask
 from .reference import QTensor
-from .scale_layout import to_blackwell, to_hopper
+from .scale_layout import to_layout
 
 __all__ = ["quantize", "quantize_rowcol", "quantize_hadamard_t", "dequantize", "fake_quantize", "kernel_supports"]
 
@@ -84,8 +84,7 @@ def _in_layout(q: QTensor, scale_layout: str) -> QTensor:
     """A reference QTensor (plain scales) with its scales moved to `scale_layout` (an exact permutation)."""
     if scale_layout == "plain":
         return q
-    moved = to_hopper(q.scales) if scale_layout == "hopper" else to_blackwell(q.scales)
-    return QTensor(q.codes, moved, q.spec, q.shape, q.tensor_scale, scale_layout)
+    return QTensor(q.codes, to_layout(q.scales, scale_layout), q.spec, q.shape, q.tensor_scale, scale_layout)
 
 
 def quantize(

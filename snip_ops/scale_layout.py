@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["ATOM_ROWS", "ATOM_SCALES", "blackwell_shape", "blackwell_offset", "to_blackwell", "from_blackwell",
-           "hopper_shape", "to_hopper", "from_hopper"]
+           "hopper_shape", "to_hopper", "from_hopper", "to_layout"]
 
 ATOM_ROWS = 128
 ATOM_SCALES = 4
@@ -102,3 +102,11 @@ def from_hopper(sf: torch.Tensor, outer: int, n: int) -> torch.Tensor:
                          f"got {tuple(sf.shape)}")
     # copied into a fresh tensor: `.contiguous()` keeps a size-1 dimension's odd stride, which byte views refuse
     return sf.new_empty((outer, n)).copy_(sf[:, :outer].t())
+
+
+def to_layout(scales: torch.Tensor, scale_layout: str) -> torch.Tensor:
+    """Plain scales -> `scale_layout` ("plain", "blackwell" or "hopper"); `reference.plain_scales` goes back."""
+    moves = {"plain": lambda s: s, "blackwell": to_blackwell, "hopper": to_hopper}
+    if scale_layout not in moves:
+        raise ValueError(f"scale_layout must be one of {tuple(moves)}, got {scale_layout!r}")
+    return moves[scale_layout](scales)

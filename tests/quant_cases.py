@@ -20,7 +20,7 @@ import torch
 from snip_ops import reference
 from snip_ops import quantize as quantize_fn
 from snip_ops.formats import E2M1, E4M3, E5M2, QuantSpec, Rounding, ScaleKind
-from snip_ops.scale_layout import to_blackwell, to_hopper
+from snip_ops.scale_layout import to_layout
 
 OUTPUTS = ("codes", "scales", "codes_t", "scales_t", "tensor_scale")
 
@@ -41,11 +41,9 @@ def padded(q, spec, pad, scale_layout):
     bits = torch.int32 if q.scales.element_size() == 4 else torch.uint8  # move bit patterns only
     s = torch.ones(q.scales.shape[0], -(-inner_p // bc)).to(q.scales.dtype).view(bits)
     s[:, : q.scales.shape[1]] = q.scales.view(bits)
-    if scale_layout == "blackwell":
-        s = to_blackwell(s.repeat_interleave(br, dim=0)[:rows] if br > 1 else s)
-    elif scale_layout == "hopper":
-        s = to_hopper(s)
-    return codes.view(q.codes.dtype), s.view(q.scales.dtype)
+    if scale_layout == "blackwell" and br > 1:  # the Blackwell layout holds a 2-D block's scale on each row
+        s = s.repeat_interleave(br, dim=0)[:rows]
+    return codes.view(q.codes.dtype), to_layout(s, scale_layout).view(q.scales.dtype)
 
 
 def expected(x, spec, rowwise=True, colwise=False, seed=0, offset=0, offset_t=0, tensor_amax=None,

@@ -6,7 +6,7 @@ import torch
 from snip_ops import scale_layout
 from snip_ops.formats import E2M1, E4M3, QuantSpec, ScaleKind
 from snip_ops.reference import quantize
-from snip_ops.scale_layout import blackwell_offset, blackwell_shape, from_blackwell, to_blackwell
+from snip_ops.scale_layout import blackwell_offset, blackwell_shape, from_blackwell, to_blackwell, to_hopper, to_layout
 
 # (SFVec, rows, K, cosize, [(row, scale index k, byte offset)]): offsets printed by CuTe itself,
 # `Sm1xxBlockScaledConfig<SFVec>::tile_atom_to_shape_SFA(make_shape(rows, 1, K, 1))(row, k * SFVec, 0)`
@@ -86,3 +86,12 @@ def test_errors():
     with pytest.raises(ValueError, match="elements"):
         from_blackwell(torch.zeros(100, dtype=torch.uint8), 3, 2)
     assert scale_layout.ATOM_ROWS == 128 and scale_layout.ATOM_SCALES == 4
+
+
+def test_to_layout_names_each_permutation():
+    s = torch.arange(1, 7, dtype=torch.uint8).reshape(3, 2)
+    assert to_layout(s, "plain") is s
+    assert torch.equal(to_layout(s, "blackwell"), to_blackwell(s))
+    assert torch.equal(to_layout(s.float(), "hopper"), to_hopper(s.float()))
+    with pytest.raises(ValueError, match="scale_layout must be one of"):
+        to_layout(s, "row-major")
