@@ -14,8 +14,9 @@ bench/results/cpu-fsdp-all-gather.md.
 from __future__ import annotations
 
 import argparse
-import socket
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,12 +76,14 @@ def _bytes_per_step(rank: int, plan: str, param_dtype, low_precision: bool, laye
     return per_step
 
 
-def _rank(rank: int, port: int, args: argparse.Namespace, results) -> None:
+def _rank(rank: int, store_path: str, args: argparse.Namespace, results) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    # A file store: no rank hosts a TCP store server, and no port is picked and then raced for.
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=WORLD)
     try:
         for name, (plan, param_dtype, low) in CONFIGS.items():
             results[(rank, name)] = _bytes_per_step(rank, plan, param_dtype, low, args.layers, args.width, args.steps)
+        dist.barrier()  # neither rank tears down while the other still has collectives in flight
     finally:
         dist.destroy_process_group()
 
@@ -94,12 +97,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.width % (WORLD * 128):
         parser.error(f"--width must be a multiple of {WORLD * 128} so that every shard holds whole 128-row blocks")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     results = mp.Manager().dict()
     start = time.perf_counter()
-    mp.start_processes(_rank, args=(port, args, results), nprocs=WORLD, join=True, start_method="spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        mp.start_processes(_rank, args=(store, args, results), nprocs=WORLD, join=True, start_method="spawn")
     seconds = time.perf_counter() - start
     for name in CONFIGS:  # every step gathers the same layouts, and both ranks the same amounts
         counts = {b for r in range(WORLD) for b in results[(r, name)]}

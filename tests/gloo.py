@@ -1,6 +1,8 @@
 """Run a test body on two gloo ranks, each in its own spawned process (CPU, one thread each)."""
 
-import socket
+import faulthandler
+import os
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -9,17 +11,18 @@ import torch.multiprocessing as mp
 WORLD = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank, port, fn, args, results):
+def _entry(rank, store_path, fn, args, results):
+    # A crash inside torch's C++ (an abort from a collective or from process teardown) otherwise
+    # reaches pytest as a bare signal number; this prints each thread's Python stack first.
+    faulthandler.enable(all_threads=True)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    # A file store, not TCP: no rank hosts a store server thread that must outlive the other
+    # rank's last request, and no port is picked and then raced for.
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=WORLD)
     try:
         results[rank] = fn(rank, *args)
+        # No rank tears its process group down while the other still has collectives in flight.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -28,7 +31,9 @@ def run_on_ranks(fn, *args) -> list:
     """[fn(0, *args), fn(1, *args)], each called inside an initialised process group. `fn` must be a
     module-level function and its result picklable."""
     results = mp.Manager().dict()
-    mp.start_processes(_entry, args=(_free_port(), fn, args, results), nprocs=WORLD, join=True, start_method="spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        store_path = os.path.join(tmp, "store")
+        mp.start_processes(_entry, args=(store_path, fn, args, results), nprocs=WORLD, join=True, start_method="spawn")
     return [results[r] for r in range(WORLD)]
 
 
