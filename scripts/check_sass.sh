@@ -5,6 +5,9 @@
 # every __global__ function of op X contains X. GEMM kernels (names with "gemm"; their entry is
 # <name>_kernel) must also run on tensor cores: every one of their functions holds an FP8/FP4
 # tensor-core MMA -- QGMMA (wgmma with FP8 operands) on sm_90a, UTC*MMA (tcgen05) on sm_100a.
+# Memory-bound kernels whose speed rests on how many CTAs fit on an SM also get a register ceiling
+# and no local memory (spills), from the binary's resource usage (AdamW: 3 CTAs of 256 threads, so
+# that enough loads are in flight; csrc/optim/adamw.cu).
 # Usage: scripts/check_sass.sh [path/to/_C.so]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +69,23 @@ for chunk in text.split('Function : ')[1:]:
       while read -r count instrs; do
         echo "check_sass: ok   $arch ${op}_kernel: $count x $instrs"
       done <<<"$report"
+    fi
+  done
+  usage=$("$cuobjdump" --dump-resource-usage -arch "$arch" "$so")
+  for limit in "adamw_kernel 80"; do
+    read -r kernel max_reg <<<"$limit"
+    report=$($PY -c "
+import re, sys
+kernel, max_reg = sys.argv[1], int(sys.argv[2])
+names = re.findall(r'Function (\S+):\n\s*REG:(\d+) .*?LOCAL:(\d+)', sys.stdin.read())
+rows = [(n, int(r), int(l)) for n, r, l in names if kernel in n]
+print('none' if not rows else ' '.join(f'{r}/{l}' for _, r, l in rows))
+sys.exit(0 if rows and all(r <= max_reg and l == 0 for _, r, l in rows) else 1)
+" "$kernel" "$max_reg" <<<"$usage") && ok=1 || ok=0
+    if [ "$ok" = 1 ]; then
+      echo "check_sass: ok   $arch $kernel: registers/local bytes $report (<= $max_reg, no spills)"
+    else
+      echo "check_sass: FAIL $arch $kernel: registers/local bytes $report (want <= $max_reg, no spills)" >&2; fail=1
     fi
   done
 done
