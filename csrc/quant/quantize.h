@@ -61,7 +61,8 @@ struct Args {
 };
 
 #if SNIP_WITH_CUDA
-// Row-wise only with 1-D blocks: one pass, a thread per 16 consecutive elements (quantize_rows.cu).
+// Row-wise only with 1-D blocks: one pass, a thread per 32 consecutive elements (16 for 1x16 blocks;
+// quantize_rows.cu).
 cudaError_t launch_quantize_rows(const Args& a, cudaStream_t stream);
 // Column-wise, row+column fused, and 2-D blocks: 128x128 tiles through shared memory (quantize_tile.cu).
 cudaError_t launch_quantize_tile(const Args& a, cudaStream_t stream);

@@ -1,8 +1,8 @@
 """The quantize / dequantize / amax kernels (csrc/quant/*.cu) run on the CPU from their own source
 through the host shim (tests/cuda_host.py), against the PyTorch reference bit for bit: the cases of
 tests/ops/test_quant_kernels_gpu.py (one statement of the expected results: tests/quant_cases.py),
-sized for a CPU. Every kernel path runs: row-wise (1, 2 or 8 lanes per block, vector and scalar
-loads and stores, partial runs), tiles (column-wise, fused, 1-D and 2-D blocks, partial tiles, both
+sized for a CPU. Every kernel path runs: row-wise (16- and 32-element runs, 1, 2, 4 or 8 lanes per
+block, vector and scalar loads and stores, partial runs), tiles (column-wise, fused, 1-D and 2-D blocks, partial tiles, both
 Philox streams or one), the NVFP4 amax pass (several CTAs), SR with K % 8 != 0, padding, the
 Blackwell scale layout, strided and misaligned inputs, dequantize to float32 and bfloat16.
 
@@ -53,6 +53,18 @@ SHAPES = [(1, 1), (3, 132), (7, 129), (5, 16), (130, 257)]
 @pytest.mark.parametrize("spec", SPECS_1D, ids=ids)
 @pytest.mark.parametrize("shape", SHAPES + [(33, 1000)], ids=str)
 def test_rowwise(spec, shape):
+    CASES.rowwise(spec, shape)
+
+
+# The row kernel's other thread counts per block: 32-element runs, 2 threads per 1x64 block and 8 per
+# 1x256 block (1x32 and 1x128 blocks, with 1 and 4, are in SPECS_1D), partial runs at a row's end.
+OTHER_ROW_BLOCKS = [QuantSpec(elem, block, ScaleKind.FP32, rounding) for elem in (E4M3, E2M1)
+                    for block in ((1, 64), (1, 256)) for rounding in (Rounding.RNE, Rounding.SR)]
+
+
+@pytest.mark.parametrize("spec", OTHER_ROW_BLOCKS, ids=ids)
+@pytest.mark.parametrize("shape", [(3, 132), (7, 600), (2, 48)], ids=str)
+def test_rowwise_other_block_lengths(spec, shape):
     CASES.rowwise(spec, shape)
 
 
