@@ -58,6 +58,7 @@ quantize_rows_kernel(const Args a, const bool vec_in, const bool vec_out) {
   if (!live || c0 >= o.inner_store) return;
 
   uint32_t codes[kWords];
+  const Divisor d = divisor_of(bs.s, kReciprocalChecked<T>);
   if constexpr (kSR) {
     // One Philox block's bits at a time: holding the whole run's would keep 16 more registers live.
     constexpr int kGroups = kRun / kElemsPerBlock, kGroupWords = kWords / kGroups;
@@ -70,13 +71,13 @@ quantize_rows_kernel(const Args a, const bool vec_in, const bool vec_out) {
 #pragma unroll
       for (int q = 0; q < kGroupRaw; ++q) part.raw[q] = v.raw[g * kGroupRaw + q];
       uint32_t part_codes[kGroupWords];
-      run_codes<E, kSR>(part_codes, part, bs.s, w);
+      run_codes<E, kSR>(part_codes, part, d, w);
 #pragma unroll
       for (int q = 0; q < kGroupWords; ++q) codes[g * kGroupWords + q] = part_codes[q];
     }
   } else {
     const uint32_t w[kRun / 2] = {};
-    run_codes<E, kSR>(codes, v, bs.s, w);
+    run_codes<E, kSR>(codes, v, d, w);
   }
 
   constexpr int kBytes = kWords * 4;

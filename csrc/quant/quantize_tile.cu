@@ -17,7 +17,9 @@
 // Three instantiations per (input, element, rounding) (TileKind): kAny reads its blocks and outputs from
 // the arguments; kRowCol128 (the layer's hot case: both outputs of 1x128 blocks) and kHadamard fix theirs at
 // compile time, so the compiler drops the other cases' code and live ranges, which spill under the
-// 64-register cap; the same arithmetic, so the same bits.
+// 64-register cap; the same arithmetic, so the same bits. In kRowCol128 every tile row and column is
+// one block, so one thread per row and per column computes the block's scale and divisor (two IEEE
+// divisions) once and leaves them in shared memory, instead of every thread of the block again.
 // The Hadamard variant (kHadamard: column output only, 1x16 blocks, nvfp4_train's wgrad operands) quantizes
 // (T x)^T: a 16-row group is 4 row quads, lanes lane ^ 1 and lane ^ 2 of one another, so the
 // transform's first two butterfly stages run inside a thread's patch and the last two through
@@ -106,6 +108,8 @@ quantize_tile_kernel(const Args a, const Flags f) {
   __shared__ __align__(16) uint8_t tcodes[kTile * kPitch];
   __shared__ uint32_t red_row[4][kTile];  // per tile row, partial maxima of the 4 column quarters
   __shared__ uint32_t red_col[4][kTile];  // per tile column, partial maxima of the 4 row quarters
+  // kRowCol128: each tile row's and column's block divisor, computed once (see "scales" below).
+  __shared__ Divisor row_div[kRowCol128 ? kTile : 1], col_div[kRowCol128 ? kTile : 1];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rq = (warp % 4) * 8 + lane % 8;
@@ -183,15 +187,17 @@ quantize_tile_kernel(const Args a, const Flags f) {
         for (int i = 0; i < kPatchCols; ++i) red_col[warp % 4][kPatchCols * cc + i] = cmax[i];
       }
       __syncthreads();
+      if constexpr (!kRowCol128) {  // kRowCol128 combines them once per row and column (scales, below)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        if (rows_out) {
+        for (int q = 0; q < 4; ++q) {
+          if (rows_out) {
 #pragma unroll
-          for (int j = 0; j < kPatchRows; ++j) rmax[j] = max(rmax[j], red_row[q][kPatchRows * rq + j]);
-        }
-        if (cols_out) {
+            for (int j = 0; j < kPatchRows; ++j) rmax[j] = max(rmax[j], red_row[q][kPatchRows * rq + j]);
+          }
+          if (cols_out) {
 #pragma unroll
-          for (int i = 0; i < kPatchCols; ++i) cmax[i] = max(cmax[i], red_col[q][kPatchCols * cc + i]);
+            for (int i = 0; i < kPatchCols; ++i) cmax[i] = max(cmax[i], red_col[q][kPatchCols * cc + i]);
+          }
         }
       }
     }
@@ -202,7 +208,26 @@ quantize_tile_kernel(const Args a, const Flags f) {
   if (blockIdx.x == 0 && threadIdx.x == 0 && a.tensor_scale != nullptr) *a.tensor_scale = ts;
   const int br = two_d ? a.spec.block_rows : B;  // block length along x's columns for x^T
   float rs[kPatchRows], cs[kPatchCols];
-  if (rows_out) {
+  if constexpr (kRowCol128) {
+    // Every tile row is one block of x, every tile column one of x^T: 128 threads compute the row
+    // blocks' scales and divisors, 128 the columns', once each, instead of each of the 16 (or 32)
+    // threads that share a block computing them again (the block scale and the reciprocal are two
+    // IEEE divisions: a large share of the kernel's instructions otherwise).
+    if (threadIdx.x < 2 * kTile) {
+      const bool row = threadIdx.x < kTile;
+      const int t = threadIdx.x % kTile;
+      uint32_t m = 0;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) m = max(m, row ? red_row[q][t] : red_col[q][t]);
+      const BlockScale bs = block_scale(m, a.spec.scale, E, ts);
+      (row ? row_div : col_div)[t] = divisor_of(bs.s, kReciprocalChecked<T>);
+      if (row && tile_r + t < a.rows && tile_c < a.row.inner_store)
+        store_scale(a.row, a.spec.scale, tile_r + t, tile_c / kTile, bs.stored);
+      if (!row && tile_c + t < a.cols && tile_r < a.col.inner_store)
+        store_scale(a.col, a.spec.scale, tile_c + t, tile_r / kTile, bs.stored);
+    }
+    __syncthreads();
+  } else if (rows_out) {
     // 2-D plain: one scale per block; otherwise one per row of a block (the Blackwell layout
     // repeats a 16x16 block's scale on each of its rows).
     const bool per_row = !two_d || a.row.layout == ScaleLayout::kBlackwell;
@@ -216,7 +241,7 @@ quantize_tile_kernel(const Args a, const Flags f) {
         store_scale(a.row, a.spec.scale, per_row ? r0 + j : r0 / br, c0 / B, bs.stored);
     }
   }
-  if (cols_out) {
+  if (!kRowCol128 && cols_out) {
     const bool per_row = !two_d || a.col.layout == ScaleLayout::kBlackwell;
     const bool writer = rq % (br / kPatchRows) == 0 && r0 < a.col.inner_store &&
                         (per_row || cc % (B / kPatchCols) == 0);
@@ -239,6 +264,13 @@ quantize_tile_kernel(const Args a, const Flags f) {
   // spills registers under the 64-register cap. RNE goes column by column, one reciprocal at a time.
   // Both outputs draw the same bits when their offsets agree: one Philox stream then serves both.
   const bool same_bits = rows_out && a.row.offset == a.col.offset;
+  const auto row_divisor = [&](int j) -> Divisor {
+    if constexpr (kRowCol128) {
+      return row_div[kPatchRows * rq + j];
+    } else {
+      return divisor_of(rs[j], kReciprocalChecked<T>);
+    }
+  };
 #pragma unroll
   for (int j = 0; j < kPatchRows; ++j) {
     uint32_t w[kPatchCols / 2] = {};
@@ -246,7 +278,7 @@ quantize_tile_kernel(const Args a, const Flags f) {
     if (rows_out && r0 + j < a.rows && c0 < a.row.inner_store) {
       constexpr int kWords = kPatchCols * kBits / 32;
       uint32_t codes[kWords];
-      run_codes<E, kSR>(codes, v[j], rs[j], w);
+      run_codes<E, kSR>(codes, v[j], row_divisor(j), w);
       uint8_t* dst = static_cast<uint8_t*>(a.row.codes) + (r0 + j) * a.row.ld + c0 * kBits / 8;
       if (f.vec_row && c0 + kPatchCols <= a.row.inner_store) {
         if constexpr (kWords == 2) {
@@ -266,9 +298,11 @@ quantize_tile_kernel(const Args a, const Flags f) {
         const int64_t sr_rows = kHad ? a.col.inner_store : a.rows;
         if (!same_bits && r0 + j < sr_rows) run_bits<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.col.offset);
 #pragma unroll
-        for (int i = 0; i < kPatchCols; ++i)
-          if (fabsf(cs[i]) < INFINITY)
-            tcol[i] |= round_to_code(div_rn(col_value(j, i), cs[i]), format_of(E), true, bits_of(w, i)) << (j * kBits);
+        for (int i = 0; i < kPatchCols; ++i) {
+          const float c = kRowCol128 ? col_div[kPatchCols * cc + i].s : cs[i];
+          if (fabsf(c) < INFINITY)
+            tcol[i] |= round_to_code(div_rn(col_value(j, i), c), format_of(E), true, bits_of(w, i)) << (j * kBits);
+        }
       }
     }
   }
@@ -276,8 +310,13 @@ quantize_tile_kernel(const Args a, const Flags f) {
   if constexpr (!kSR) {  // RNE: rows (j, j + 1) of a column share the scale, so convert them as a pair
 #pragma unroll
     for (int i = 0; i < kPatchCols; ++i) {
-      if (!(fabsf(cs[i]) < INFINITY)) continue;
-      const Divisor d = divisor_of(cs[i], kColReciprocal);
+      Divisor d;
+      if constexpr (kRowCol128) {
+        d = col_div[kPatchCols * cc + i];
+      } else {
+        d = divisor_of(cs[i], kColReciprocal);
+      }
+      if (!(fabsf(d.s) < INFINITY)) continue;
 #pragma unroll
       for (int j = 0; j < kPatchRows; j += 2)
         tcol[i] |= rne_codes2<E>(quotient(col_value(j, i), d), quotient(col_value(j + 1, i), d)) << (j * kBits);
