@@ -260,8 +260,9 @@ quantize_tile_kernel(const Args a, const Flags f) {
   // x^T codes of patch column i, rows 4rq .. 4rq+3 packed (row 4rq + j at bits j * kBits): one
   // shared-memory store per column once the patch is done.
   uint32_t tcol[kPatchCols] = {};
-  // SR goes row by row (a row's Philox blocks) and divides: keeping 8 column reciprocals as well
-  // spills registers under the 64-register cap. RNE goes column by column, one reciprocal at a time.
+  // SR goes row by row (a row's Philox blocks). Keeping 8 column reciprocals in registers as well
+  // spills under the 64-register cap, so the other kinds divide; kRowCol128 reads each column's
+  // divisor from shared memory where it is used. RNE goes column by column, one reciprocal at a time.
   // Both outputs draw the same bits when their offsets agree: one Philox stream then serves both.
   const bool same_bits = rows_out && a.row.offset == a.col.offset;
   const auto row_divisor = [&](int j) -> Divisor {
@@ -299,9 +300,18 @@ quantize_tile_kernel(const Args a, const Flags f) {
         if (!same_bits && r0 + j < sr_rows) run_bits<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.col.offset);
 #pragma unroll
         for (int i = 0; i < kPatchCols; ++i) {
-          const float c = kRowCol128 ? col_div[kPatchCols * cc + i].s : cs[i];
-          if (fabsf(c) < INFINITY)
-            tcol[i] |= round_to_code(div_rn(col_value(j, i), c), format_of(E), true, bits_of(w, i)) << (j * kBits);
+          float q;
+          if constexpr (kRowCol128) {
+            // volatile: read where used; hoisted out of the row loop, the 8 divisors would spill.
+            const volatile Divisor& vd = col_div[kPatchCols * cc + i];
+            const Divisor d{vd.s, vd.r};
+            if (!(fabsf(d.s) < INFINITY)) continue;
+            q = quotient(col_value(j, i), d);
+          } else {
+            if (!(fabsf(cs[i]) < INFINITY)) continue;
+            q = div_rn(col_value(j, i), cs[i]);
+          }
+          tcol[i] |= round_to_code(q, format_of(E), true, bits_of(w, i)) << (j * kBits);
         }
       }
     }
