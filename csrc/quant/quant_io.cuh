@@ -92,7 +92,7 @@ template <typename T> constexpr bool kReciprocalChecked = !std::is_same_v<T, flo
 // Codes of a run of N elements sharing one block scale, packed little-endian into 32-bit words
 // (FP8: byte i = element i; FP4: nibble i = element i, i.e. element 2j in the low nibble of byte j).
 // A non-finite scale (NaN/Inf block) gives all-zero codes, as the reference does.
-// `d`: the block scale's divisor_of(s, kReciprocalChecked<T>) (a caller may have it at hand).
+// `d`: the block scale's divisor_of(s, kReciprocalChecked<T>), computed once by the caller.
 template <Elem E, bool kSR, typename T, int N>
 __device__ __forceinline__ void run_codes(uint32_t (&out)[N * kCodeBits<E> / 32], const Run<T, N>& v, const Divisor& d,
                                           const uint32_t (&w)[N / 2]) {
@@ -113,12 +113,6 @@ __device__ __forceinline__ void run_codes(uint32_t (&out)[N * kCodeBits<E> / 32]
     }
     out[i / kPerWord] |= c2 << (kBits * (i % kPerWord));
   }
-}
-
-template <Elem E, bool kSR, typename T, int N>
-__device__ __forceinline__ void run_codes(uint32_t (&out)[N * kCodeBits<E> / 32], const Run<T, N>& v, float s,
-                                          const uint32_t (&w)[N / 2]) {
-  run_codes<E, kSR>(out, v, divisor_of(s, kReciprocalChecked<T>), w);
 }
 
 // The NVFP4 tensor scale from the device tensor amax (1 for other scale kinds, where it is unused).

@@ -265,11 +265,21 @@ quantize_tile_kernel(const Args a, const Flags f) {
   // divisor from shared memory where it is used. RNE goes column by column, one reciprocal at a time.
   // Both outputs draw the same bits when their offsets agree: one Philox stream then serves both.
   const bool same_bits = rows_out && a.row.offset == a.col.offset;
+  // Block divisors: kRowCol128 reads them from shared memory, the other kinds compute them.
   const auto row_divisor = [&](int j) -> Divisor {
     if constexpr (kRowCol128) {
       return row_div[kPatchRows * rq + j];
     } else {
       return divisor_of(rs[j], kReciprocalChecked<T>);
+    }
+  };
+  const auto col_divisor = [&](int i) -> Divisor {
+    if constexpr (kRowCol128) {
+      // volatile: read where used; hoisted out of SR's row loop, the 8 divisors would spill.
+      const volatile Divisor& d = col_div[kPatchCols * cc + i];
+      return Divisor{d.s, d.r};
+    } else {
+      return divisor_of(cs[i], kColReciprocal);
     }
   };
 #pragma unroll
@@ -302,9 +312,7 @@ quantize_tile_kernel(const Args a, const Flags f) {
         for (int i = 0; i < kPatchCols; ++i) {
           float q;
           if constexpr (kRowCol128) {
-            // volatile: read where used; hoisted out of the row loop, the 8 divisors would spill.
-            const volatile Divisor& vd = col_div[kPatchCols * cc + i];
-            const Divisor d{vd.s, vd.r};
+            const Divisor d = col_divisor(i);
             if (!(fabsf(d.s) < INFINITY)) continue;
             q = quotient(col_value(j, i), d);
           } else {
@@ -320,12 +328,7 @@ quantize_tile_kernel(const Args a, const Flags f) {
   if constexpr (!kSR) {  // RNE: rows (j, j + 1) of a column share the scale, so convert them as a pair
 #pragma unroll
     for (int i = 0; i < kPatchCols; ++i) {
-      Divisor d;
-      if constexpr (kRowCol128) {
-        d = col_div[kPatchCols * cc + i];
-      } else {
-        d = divisor_of(cs[i], kColReciprocal);
-      }
+      const Divisor d = col_divisor(i);
       if (!(fabsf(d.s) < INFINITY)) continue;
 #pragma unroll
       for (int j = 0; j < kPatchRows; j += 2)
