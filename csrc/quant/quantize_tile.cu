@@ -14,12 +14,16 @@
 // with the padded pitch) and leave as coalesced 32-bit stores along the rows of x^T.
 // __launch_bounds__(512, 2) caps registers at 64 so that two CTAs share an SM and one loads while
 // the other computes (a few bytes spill on 16-bit inputs, more on float32).
-// Three instantiations per (input, element, rounding) (TileKind): kAny reads its blocks and outputs from
-// the arguments; kRowCol128 (the layer's hot case: both outputs of 1x128 blocks) and kHadamard fix theirs at
-// compile time, so the compiler drops the other cases' code and live ranges, which spill under the
-// 64-register cap; the same arithmetic, so the same bits. In kRowCol128 every tile row and column is
-// one block, so one thread per row and per column computes the block's scale and divisor (two IEEE
-// divisions) once and leaves them in shared memory, instead of every thread of the block again.
+// Four instantiations per (input, element, rounding) (TileKind): kAny takes 1-D blocks of any length
+// and reads its blocks and outputs from the arguments; kRowCol128 (the layer's hot case: both outputs
+// of 1x128 blocks), kSquare (2-D blocks, the weights') and kHadamard fix theirs at compile time, so the
+// compiler drops the other cases' code and live ranges, which spill under the 64-register cap; the
+// same arithmetic, so the same bits. In kRowCol128 every tile row and column is one block, so one
+// thread per row and per column computes the block's scale and divisor (two IEEE divisions) once and
+// leaves them in shared memory, instead of every thread of the block again. In kSquare a thread's
+// patch lies in one block, so it computes that block's scale and divisor once; and as an element of
+// x and of x^T has the same block, value and divisor, its x^T code is its x code wherever both draw
+// the same random bits (RNE, or SR with equal offsets): the x^T codes are then the x codes transposed.
 // The Hadamard variant (kHadamard: column output only, 1x16 blocks, nvfp4_train's wgrad operands) quantizes
 // (T x)^T: a 16-row group is 4 row quads, lanes lane ^ 1 and lane ^ 2 of one another, so the
 // transform's first two butterfly stages run inside a thread's patch and the last two through
@@ -89,7 +93,7 @@ __device__ __forceinline__ void hadamard_patch(float (&h)[kPatchRows][kPatchCols
     for (int i = 0; i < kPatchCols; ++i) h[j][i] = mul_rn(h[j][i], 0.25f);
 }
 
-enum class TileKind { kAny, kRowCol128, kHadamard };
+enum class TileKind { kAny, kRowCol128, kSquare, kHadamard };
 
 struct Flags {
   bool vec_in;     // x rows 16-byte aligned
@@ -101,6 +105,7 @@ template <typename T, Elem E, bool kSR, TileKind kKind>
 __global__ void __launch_bounds__(kThreads, 2)
 quantize_tile_kernel(const Args a, const Flags f) {
   constexpr bool kHad = kKind == TileKind::kHadamard, kRowCol128 = kKind == TileKind::kRowCol128;
+  constexpr bool two_d = kKind == TileKind::kSquare;
   constexpr bool kFp4 = E == Elem::kE2M1;
   constexpr int kBits = kCodeBits<E>;
   // x^T codes of the tile: one row per tile column; +4 bytes make the pitch an odd number of words.
@@ -120,7 +125,6 @@ quantize_tile_kernel(const Args a, const Flags f) {
   // What the kinds fix (their launchers check the arguments agree); kAny reads it from the arguments.
   const bool rows_out = kRowCol128 || (!kHad && a.row.codes != nullptr);
   const bool cols_out = kRowCol128 || kHad || a.col.codes != nullptr;
-  const bool two_d = kKind == TileKind::kAny && a.spec.block_rows > 1;
   // 1-D: block length, along x's rows for x, its columns for x^T
   const int B = kRowCol128 ? kTile : kHad ? kHadamardSize : a.spec.block_cols;
 
@@ -150,7 +154,7 @@ quantize_tile_kernel(const Args a, const Flags f) {
     }
 
   // ---- block maxima ----
-  if (two_d) {
+  if constexpr (two_d) {
     uint32_t m = 0;
 #pragma unroll
     for (int j = 0; j < kPatchRows; ++j) m = max(m, rmax[j]);
@@ -208,6 +212,14 @@ quantize_tile_kernel(const Args a, const Flags f) {
   if (blockIdx.x == 0 && threadIdx.x == 0 && a.tensor_scale != nullptr) *a.tensor_scale = ts;
   const int br = two_d ? a.spec.block_rows : B;  // block length along x's columns for x^T
   float rs[kPatchRows], cs[kPatchCols];
+  // kSquare: the patch's one block (every rmax[j] and cmax[i] is its maximum).
+  [[maybe_unused]] BlockScale block_bs;
+  [[maybe_unused]] Divisor block_div;
+  if constexpr (two_d) {
+    block_bs = block_scale(rmax[0], a.spec.scale, E, ts);
+    block_div = divisor_of(block_bs.s, kReciprocalChecked<T>);
+  }
+  const auto scale_of = [&](uint32_t m) { return two_d ? block_bs : block_scale(m, a.spec.scale, E, ts); };
   if constexpr (kRowCol128) {
     // Every tile row is one block of x, every tile column one of x^T: 128 threads compute the row
     // blocks' scales and divisors, 128 the columns', once each, instead of each of the 16 (or 32)
@@ -235,7 +247,7 @@ quantize_tile_kernel(const Args a, const Flags f) {
                         (per_row || rq % (br / kPatchRows) == 0);
 #pragma unroll
     for (int j = 0; j < kPatchRows; ++j) {
-      const BlockScale bs = block_scale(rmax[j], a.spec.scale, E, ts);
+      const BlockScale bs = scale_of(rmax[j]);
       rs[j] = bs.s;
       if (writer && r0 + j < a.rows && (per_row || j == 0))
         store_scale(a.row, a.spec.scale, per_row ? r0 + j : r0 / br, c0 / B, bs.stored);
@@ -247,7 +259,7 @@ quantize_tile_kernel(const Args a, const Flags f) {
                         (per_row || cc % (B / kPatchCols) == 0);
 #pragma unroll
     for (int i = 0; i < kPatchCols; ++i) {
-      const BlockScale bs = block_scale(cmax[i], a.spec.scale, E, ts);
+      const BlockScale bs = scale_of(cmax[i]);
       cs[i] = bs.s;
       if (writer && c0 + i < a.cols && (per_row || i == 0))
         store_scale(a.col, a.spec.scale, per_row ? c0 + i : c0 / B, r0 / br, bs.stored);
@@ -265,10 +277,15 @@ quantize_tile_kernel(const Args a, const Flags f) {
   // divisor from shared memory where it is used. RNE goes column by column, one reciprocal at a time.
   // Both outputs draw the same bits when their offsets agree: one Philox stream then serves both.
   const bool same_bits = rows_out && a.row.offset == a.col.offset;
-  // Block divisors: kRowCol128 reads them from shared memory, the other kinds compute them.
+  // kSquare: x^T codes are x codes, transposed (see the top), where both draw the same bits.
+  const bool codes_shared = two_d && rows_out && cols_out && (!kSR || same_bits);
+  // Block divisors: kRowCol128 reads them from shared memory, kSquare has its block's, the other kinds
+  // compute them.
   const auto row_divisor = [&](int j) -> Divisor {
     if constexpr (kRowCol128) {
       return row_div[kPatchRows * rq + j];
+    } else if constexpr (two_d) {
+      return block_div;
     } else {
       return divisor_of(rs[j], kReciprocalChecked<T>);
     }
@@ -278,6 +295,8 @@ quantize_tile_kernel(const Args a, const Flags f) {
       // volatile: read where used; hoisted out of SR's row loop, the 8 divisors would spill.
       const volatile Divisor& d = col_div[kPatchCols * cc + i];
       return Divisor{d.s, d.r};
+    } else if constexpr (two_d) {
+      return block_div;
     } else {
       return divisor_of(cs[i], kColReciprocal);
     }
@@ -286,10 +305,17 @@ quantize_tile_kernel(const Args a, const Flags f) {
   for (int j = 0; j < kPatchRows; ++j) {
     uint32_t w[kPatchCols / 2] = {};
     if (kSR && rows_out && r0 + j < a.rows) run_bits<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.row.offset);
-    if (rows_out && r0 + j < a.rows && c0 < a.row.inner_store) {
+    const bool row_store = rows_out && r0 + j < a.rows && c0 < a.row.inner_store;
+    if (row_store || codes_shared) {
       constexpr int kWords = kPatchCols * kBits / 32;
-      uint32_t codes[kWords];
+      uint32_t codes[kWords];  // rows past x's end are zeros: their codes are 0, as x^T's padding wants
       run_codes<E, kSR>(codes, v[j], row_divisor(j), w);
+      if (codes_shared) {
+#pragma unroll
+        for (int i = 0; i < kPatchCols; ++i)
+          tcol[i] |= ((codes[i * kBits / 32] >> (i * kBits % 32)) & ((1u << kBits) - 1)) << (j * kBits);
+      }
+      if (!row_store) continue;
       uint8_t* dst = static_cast<uint8_t*>(a.row.codes) + (r0 + j) * a.row.ld + c0 * kBits / 8;
       if (f.vec_row && c0 + kPatchCols <= a.row.inner_store) {
         if constexpr (kWords == 2) {
@@ -304,14 +330,14 @@ quantize_tile_kernel(const Args a, const Flags f) {
       }
     }
     if constexpr (kSR) {
-      if (cols_out) {
+      if (cols_out && !codes_shared) {
         // T x has a row for each row of the padded x (its SR index runs over them).
         const int64_t sr_rows = kHad ? a.col.inner_store : a.rows;
         if (!same_bits && r0 + j < sr_rows) run_bits<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.col.offset);
 #pragma unroll
         for (int i = 0; i < kPatchCols; ++i) {
           float q;
-          if constexpr (kRowCol128) {
+          if constexpr (kRowCol128 || two_d) {
             const Divisor d = col_divisor(i);
             if (!(fabsf(d.s) < INFINITY)) continue;
             q = quotient(col_value(j, i), d);
@@ -325,7 +351,7 @@ quantize_tile_kernel(const Args a, const Flags f) {
     }
   }
   if (!cols_out) return;
-  if constexpr (!kSR) {  // RNE: rows (j, j + 1) of a column share the scale, so convert them as a pair
+  if (!kSR && !codes_shared) {  // RNE: rows (j, j + 1) of a column share the scale, so convert them as a pair
 #pragma unroll
     for (int i = 0; i < kPatchCols; ++i) {
       const Divisor d = col_divisor(i);
@@ -383,10 +409,11 @@ cudaError_t launch(const Args& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// kRowCol128 where it applies, else kAny.
+// kSquare for 2-D blocks, kRowCol128 where it applies, else kAny.
 template <typename T, Elem E, bool kSR>
 cudaError_t launch_any(const Args& a, cudaStream_t stream) {
-  if (a.spec.block_rows == 1 && a.spec.block_cols == kTile && a.row.codes != nullptr && a.col.codes != nullptr)
+  if (a.spec.block_rows > 1) return launch<T, E, kSR, TileKind::kSquare>(a, stream);
+  if (a.spec.block_cols == kTile && a.row.codes != nullptr && a.col.codes != nullptr)
     return launch<T, E, kSR, TileKind::kRowCol128>(a, stream);
   return launch<T, E, kSR, TileKind::kAny>(a, stream);
 }
