@@ -101,18 +101,20 @@ __device__ __forceinline__ void run_codes(uint32_t (&out)[N * kCodeBits<E> / 32]
 #pragma unroll
   for (int k = 0; k < N / kPerWord; ++k) out[k] = 0;
   if (!(fabsf(d.s) < INFINITY)) return;
+  with_quotient<kReciprocalChecked<T>>(d, [&](auto quotient_of) {
 #pragma unroll
-  for (int i = 0; i < N; i += 2) {
-    const float a = quotient(v[i], d), b = quotient(v[i + 1], d);
-    uint32_t c2;
-    if constexpr (kSR) {
-      constexpr Format F = format_of(E);
-      c2 = round_to_code(a, F, true, bits_of(w, i)) | (round_to_code(b, F, true, bits_of(w, i + 1)) << kBits);
-    } else {
-      c2 = rne_codes2<E>(a, b);
+    for (int i = 0; i < N; i += 2) {
+      const float a = quotient_of(v[i]), b = quotient_of(v[i + 1]);
+      uint32_t c2;
+      if constexpr (kSR) {
+        constexpr Format F = format_of(E);
+        c2 = round_to_code(a, F, true, bits_of(w, i)) | (round_to_code(b, F, true, bits_of(w, i + 1)) << kBits);
+      } else {
+        c2 = rne_codes2<E>(a, b);
+      }
+      out[i / kPerWord] |= c2 << (kBits * (i % kPerWord));
     }
-    out[i / kPerWord] |= c2 << (kBits * (i % kPerWord));
-  }
+  });
 }
 
 // The NVFP4 tensor scale from the device tensor amax (1 for other scale kinds, where it is unused).

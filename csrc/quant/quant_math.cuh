@@ -317,8 +317,12 @@ SNIP_QM float fma_rn(float a, float b, float c) {
 #endif
 }
 
-SNIP_QM float with_sign_of(float magnitude, float sign) {
-  return u2f((f2u(magnitude) & kAbsMask) | (f2u(sign) & ~kAbsMask));
+SNIP_QM float with_sign_of(float magnitude, float sign) {  // one LOP3 on the device
+#if defined(__CUDA_ARCH__)
+  return copysignf(magnitude, sign);
+#else
+  return std::copysign(magnitude, sign);
+#endif
 }
 
 struct Divisor {
@@ -333,11 +337,28 @@ SNIP_QM Divisor divisor_of(float s, bool reciprocal) {
   return Divisor{s, ok ? div_rn(1.0f, s) : 0.0f};
 }
 
-// x / s, as the codes see it (above).
-SNIP_QM float quotient(float x, const Divisor& d) {
-  if (d.r == 0.0f) return div_rn(x, d.s);
+// x / s through the reciprocal (d.r != 0; above).
+SNIP_QM float reciprocal_quotient(float x, const Divisor& d) {
   const float q0 = mul_rn(x, d.r);
   return with_sign_of(fma_rn(fma_rn(-q0, d.s, x), d.r, q0), x);
+}
+
+// x / s, as the codes see it (above).
+SNIP_QM float quotient(float x, const Divisor& d) {
+  return d.r == 0.0f ? div_rn(x, d.s) : reciprocal_quotient(x, d);
+}
+
+// f(q) with q the quotient function of `d`, chosen once for all the elements f divides: a kernel
+// dividing a run element by element by `quotient` branches per element (and, around the division's
+// slow path, sets up a reconvergence point per element). kReciprocal: d may hold a reciprocal (the
+// elements are BF16 or FP16); false compiles the division alone.
+template <bool kReciprocal, class F>
+SNIP_QM void with_quotient(const Divisor& d, F&& f) {
+  if (kReciprocal && d.r != 0.0f) {
+    f([&](float x) { return reciprocal_quotient(x, d); });
+  } else {
+    f([&](float x) { return div_rn(x, d.s); });
+  }
 }
 
 // ---- scale layout --------------------------------------------------------------------------------

@@ -356,9 +356,11 @@ quantize_tile_kernel(const Args a, const Flags f) {
     for (int i = 0; i < kPatchCols; ++i) {
       const Divisor d = col_divisor(i);
       if (!(fabsf(d.s) < INFINITY)) continue;
+      with_quotient<kColReciprocal>(d, [&](auto quotient_of) {
 #pragma unroll
-      for (int j = 0; j < kPatchRows; j += 2)
-        tcol[i] |= rne_codes2<E>(quotient(col_value(j, i), d), quotient(col_value(j + 1, i), d)) << (j * kBits);
+        for (int j = 0; j < kPatchRows; j += 2)
+          tcol[i] |= rne_codes2<E>(quotient_of(col_value(j, i)), quotient_of(col_value(j + 1, i))) << (j * kBits);
+      });
     }
   }
   // Bank check (words): FP8 (8cc + i) * 33 + rq, FP4 (8cc + i) * 17 + rq / 2 -> distinct per warp.
