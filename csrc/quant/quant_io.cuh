@@ -51,6 +51,61 @@ __device__ __forceinline__ void load_run(Run<T, N>& v, const T* row, int64_t c0,
 // |v| as a bit pattern with NaN clamped to Inf: block maxima are integer maxima, "non-finite" >= Inf.
 __device__ __forceinline__ uint32_t abs_bits(float v) { return min(f2u(v) & kAbsMask, kInfBits); }
 
+// 16-bit inputs find their maxima two at a time, on the packed words as loaded: a BF16 or FP16
+// magnitude orders as its unsigned bits do, and widening to float32 keeps that order, so the
+// largest abs_bits of a set of elements is the abs_bits of the element with the largest 16-bit
+// magnitude (NaN clamped to Inf in either width). Per pair: one LOP3 and two 16x2 min/max, where
+// element by element it takes a widening, a LOP3 and a min/max each.
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __vmaxu2(a, b);
+#else
+  return max(a & 0xFFFFu, b & 0xFFFFu) | (max(a >> 16, b >> 16) << 16);
+#endif
+}
+__device__ __forceinline__ uint32_t min_u16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __vminu2(a, b);
+#else
+  return min(a & 0xFFFFu, b & 0xFFFFu) | (min(a >> 16, b >> 16) << 16);
+#endif
+}
+// The magnitudes of a packed pair of 16-bit T, each clamped at T's Inf.
+template <typename T>
+__device__ __forceinline__ uint32_t abs_pair(uint32_t w) {
+  return min_u16x2(w & 0x7FFF7FFFu, std::is_same_v<T, __half> ? 0x7C007C00u : 0x7F807F80u);
+}
+// abs_bits of the element whose clamped 16-bit magnitude is m.
+template <typename T>
+__device__ __forceinline__ uint32_t abs_bits_of16(uint32_t m) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return f2u(__half2float(__ushort_as_half(uint16_t(m))));
+  } else {
+    return m << 16;
+  }
+}
+// The packed 16-bit words of a run (element 2k in the low half of word k).
+template <typename T, int N>
+__device__ __forceinline__ uint32_t pair_word(const Run<T, N>& v, int k) {
+  return reinterpret_cast<const uint32_t*>(v.raw)[k];
+}
+
+// The largest abs_bits of a run's elements.
+template <typename T, int N>
+__device__ __forceinline__ uint32_t run_max_bits(const Run<T, N>& v) {
+  if constexpr (sizeof(T) == 4) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < N; ++i) m = max(m, abs_bits(v[i]));
+    return m;
+  } else {
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) m = max_u16x2(m, abs_pair<T>(pair_word(v, k)));
+    return abs_bits_of16<T>(max(m & 0xFFFFu, m >> 16));
+  }
+}
+
 // SR bits of the N elements (row, c0 .. c0+N-1) of a [rows, cols] input (N a multiple of 8), packed
 // two per word: element 2k's in the low half of w[k], element 2k+1's in the high half, which for a
 // run of whole Philox blocks is the blocks' words as they come. With cols % 8 == 0 and c0 % 8 == 0

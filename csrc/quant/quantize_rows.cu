@@ -46,9 +46,7 @@ quantize_rows_kernel(const Args a, const bool vec_in, const bool vec_out) {
 
   Run<T, kRun> v;
   load_run(v, static_cast<const T*>(a.x) + row * a.ld, c0, live ? a.cols : 0, vec_in);
-  uint32_t amax = 0;
-#pragma unroll
-  for (int i = 0; i < kRun; ++i) amax = max(amax, abs_bits(v[i]));
+  uint32_t amax = run_max_bits(v);
   for (int m = group / 2; m > 0; m /= 2) amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
 
   const float ts = tensor_scale_of(a);

@@ -145,13 +145,33 @@ quantize_tile_kernel(const Args a, const Flags f) {
     }
   };
   uint32_t rmax[kPatchRows] = {}, cmax[kPatchCols] = {};
+  if constexpr (kHad || sizeof(T) == 4) {
 #pragma unroll
-  for (int j = 0; j < kPatchRows; ++j)
+    for (int j = 0; j < kPatchRows; ++j)
 #pragma unroll
-    for (int i = 0; i < kPatchCols; ++i) {
-      rmax[j] = max(rmax[j], abs_bits(v[j][i]));
-      cmax[i] = max(cmax[i], abs_bits(col_value(j, i)));
+      for (int i = 0; i < kPatchCols; ++i) {
+        rmax[j] = max(rmax[j], abs_bits(v[j][i]));
+        cmax[i] = max(cmax[i], abs_bits(col_value(j, i)));
+      }
+  } else {  // 16-bit x: the packed maxima of quant_io.cuh, along rows and down column pairs
+    uint32_t cpair[kPatchCols / 2] = {};
+#pragma unroll
+    for (int j = 0; j < kPatchRows; ++j) {
+      uint32_t rpair = 0;
+#pragma unroll
+      for (int k = 0; k < kPatchCols / 2; ++k) {
+        const uint32_t a = abs_pair<T>(pair_word(v[j], k));
+        rpair = max_u16x2(rpair, a);
+        cpair[k] = max_u16x2(cpair[k], a);
+      }
+      rmax[j] = abs_bits_of16<T>(max(rpair & 0xFFFFu, rpair >> 16));
     }
+#pragma unroll
+    for (int k = 0; k < kPatchCols / 2; ++k) {
+      cmax[2 * k] = abs_bits_of16<T>(cpair[k] & 0xFFFFu);
+      cmax[2 * k + 1] = abs_bits_of16<T>(cpair[k] >> 16);
+    }
+  }
 
   // ---- block maxima ----
   if constexpr (two_d) {
