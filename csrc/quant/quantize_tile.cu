@@ -13,14 +13,14 @@
 // x^T go to shared memory transposed (one 32-bit / 16-bit store per patch column, conflict-free
 // with the padded pitch) and leave as coalesced 32-bit stores along the rows of x^T.
 // __launch_bounds__(512, 2) caps registers at 64 so that two CTAs share an SM and one loads while
-// the other computes (a few bytes spill on 16-bit inputs, more on float32).
+// the other computes (float32 inputs spill a few bytes in some kinds; 16-bit inputs none).
 // Four instantiations per (input, element, rounding) (TileKind): kAny takes 1-D blocks of any length
 // and reads its blocks and outputs from the arguments; kRowCol128 (the layer's hot case: both outputs
 // of 1x128 blocks), kSquare (2-D blocks, the weights') and kHadamard fix theirs at compile time, so the
 // compiler drops the other cases' code and live ranges, which spill under the 64-register cap; the
-// same arithmetic, so the same bits. In kRowCol128 every tile row and column is one block, so one
-// thread per row and per column computes the block's scale and divisor (two IEEE divisions) once and
-// leaves them in shared memory, instead of every thread of the block again. In kSquare a thread's
+// same arithmetic, so the same bits. With 1-D blocks one thread per block computes the block's scale
+// and divisor (IEEE divisions) once and leaves the divisor in shared memory, instead of every thread
+// that shares the block (8 to 32 of them) computing them again. In kSquare a thread's
 // patch lies in one block, so it computes that block's scale and divisor once; and as an element of
 // x and of x^T has the same block, value and divisor, its x^T code is its x code wherever both draw
 // the same random bits (RNE, or SR with equal offsets): the x^T codes are then the x codes transposed.
@@ -113,8 +113,12 @@ quantize_tile_kernel(const Args a, const Flags f) {
   __shared__ __align__(16) uint8_t tcodes[kTile * kPitch];
   __shared__ uint32_t red_row[4][kTile];  // per tile row, partial maxima of the 4 column quarters
   __shared__ uint32_t red_col[4][kTile];  // per tile column, partial maxima of the 4 row quarters
-  // kRowCol128: each tile row's and column's block divisor, computed once (see "scales" below).
-  __shared__ Divisor row_div[kRowCol128 ? kTile : 1], col_div[kRowCol128 ? kTile : 1];
+  // 1-D blocks: each block's divisor, computed once (see "scales" below), for tile row (x) or column
+  // (x^T) t and its block b at slot(t, b); the odd pitch spreads a warp's reads over the banks.
+  constexpr int kSlotPitch = kRowCol128 ? 1 : kTile / 16 + 1;
+  constexpr int kSlots = two_d ? 1 : kTile * kSlotPitch;
+  __shared__ Divisor row_div[kHad ? 1 : kSlots], col_div[kSlots];
+  const auto slot = [](int t, int b) { return t * kSlotPitch + b; };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rq = (warp % 4) * 8 + lane % 8;
@@ -127,6 +131,8 @@ quantize_tile_kernel(const Args a, const Flags f) {
   const bool cols_out = kRowCol128 || kHad || a.col.codes != nullptr;
   // 1-D: block length, along x's rows for x, its columns for x^T
   const int B = kRowCol128 ? kTile : kHad ? kHadamardSize : a.spec.block_cols;
+  // log2(B) (B is 16, 32 or 128): the block arithmetic below shifts and masks rather than divides.
+  const int lgB = kRowCol128 ? 7 : kHad ? 4 : B == 16 ? 4 : B == 32 ? 5 : 7;
 
   Run<T, kPatchCols> v[kPatchRows];
 #pragma unroll
@@ -173,7 +179,13 @@ quantize_tile_kernel(const Args a, const Flags f) {
     }
   }
 
-  // ---- block maxima ----
+  // ---- block maxima, scales ----
+  const float ts = tensor_scale_of(a);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && a.tensor_scale != nullptr) *a.tensor_scale = ts;
+  // T x's values are float32 sums, outside the significands `quotient`'s reciprocal was checked on.
+  constexpr bool kColReciprocal = !kHad && kReciprocalChecked<T>;
+  // kSquare: the patch's one block (every rmax[j] and cmax[i] is its maximum).
+  [[maybe_unused]] Divisor block_div;
   if constexpr (two_d) {
     uint32_t m = 0;
 #pragma unroll
@@ -187,12 +199,34 @@ quantize_tile_kernel(const Args a, const Flags f) {
     } else {  // 16x16: 4 row quads x 2 column octets, inside the warp
       m = warp_max(m, rq_bits(4) | cc_bits(2));
     }
+    const int br = a.spec.block_rows;
+    const BlockScale bs = block_scale(m, a.spec.scale, E, ts);
+    block_div = divisor_of(bs.s, kReciprocalChecked<T>);
+    // Plain: one scale per block; Blackwell: one per row of a block (its layout repeats a 16x16
+    // block's scale on each of its rows), stored by the block's first column octet.
+    if (rows_out && c0 < a.row.inner_store && cc % (br / kPatchCols) == 0) {
+      const bool per_row = a.row.layout == ScaleLayout::kBlackwell;
 #pragma unroll
-    for (int j = 0; j < kPatchRows; ++j) rmax[j] = m;
+      for (int j = 0; j < kPatchRows; ++j)
+        if (r0 + j < a.rows && (per_row || (j == 0 && rq % (br / kPatchRows) == 0)))
+          store_scale(a.row, a.spec.scale, per_row ? r0 + j : r0 / br, c0 / br, bs.stored);
+    }
+    if (cols_out && r0 < a.col.inner_store && rq % (br / kPatchRows) == 0) {
+      const bool per_row = a.col.layout == ScaleLayout::kBlackwell;
 #pragma unroll
-    for (int i = 0; i < kPatchCols; ++i) cmax[i] = m;
+      for (int i = 0; i < kPatchCols; ++i)
+        if (c0 + i < a.cols && (per_row || (i == 0 && cc % (br / kPatchCols) == 0)))
+          store_scale(a.col, a.spec.scale, per_row ? c0 + i : c0 / br, r0 / br, bs.stored);
+    }
   } else {
+    // 1-D: the shuffles leave each block's maximum with all the lanes that share the block; 128-long
+    // blocks span the 4 warps of a quarter, whose partial maxima meet in red_row / red_col. Then one
+    // thread per block (nb = 128 / B blocks per tile row and per tile column) computes its scale
+    // (an IEEE division, for NVFP4 two and a rounding) and divisor (another) once, stores the scale
+    // and leaves the divisor in row_div / col_div, instead of each of the B / 8 (rows) or B / 4
+    // (columns) threads that share the block computing them again.
     const int nc = B / kPatchCols, nr = B / kPatchRows;  // patches per block along a row / a column
+    const int nb = kTile >> lgB;
     if (rows_out) {
 #pragma unroll
       for (int j = 0; j < kPatchRows; ++j) rmax[j] = warp_max(rmax[j], cc_bits(min(nc, 4)));
@@ -201,7 +235,7 @@ quantize_tile_kernel(const Args a, const Flags f) {
 #pragma unroll
       for (int i = 0; i < kPatchCols; ++i) cmax[i] = warp_max(cmax[i], rq_bits(min(nr, 8)));
     }
-    if (B == kTile) {  // 128-long blocks span the 4 warps of a quarter: combine through shared memory
+    if (B == kTile) {
       if (rows_out && lane / 8 == 0) {
 #pragma unroll
         for (int j = 0; j < kPatchRows; ++j) red_row[warp / 4][kPatchRows * rq + j] = rmax[j];
@@ -210,115 +244,67 @@ quantize_tile_kernel(const Args a, const Flags f) {
 #pragma unroll
         for (int i = 0; i < kPatchCols; ++i) red_col[warp % 4][kPatchCols * cc + i] = cmax[i];
       }
-      __syncthreads();
-      if constexpr (!kRowCol128) {  // kRowCol128 combines them once per row and column (scales, below)
+    } else {  // the block's maximum, as float bits in its divisor slot until the divisor replaces it
+      if (rows_out && (cc & (nc - 1)) == 0) {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          if (rows_out) {
+        for (int j = 0; j < kPatchRows; ++j)
+          row_div[slot(kPatchRows * rq + j, (kPatchCols * cc) >> lgB)].s = u2f(rmax[j]);
+      }
+      if (cols_out && (rq & (nr - 1)) == 0) {
 #pragma unroll
-            for (int j = 0; j < kPatchRows; ++j) rmax[j] = max(rmax[j], red_row[q][kPatchRows * rq + j]);
-          }
-          if (cols_out) {
-#pragma unroll
-            for (int i = 0; i < kPatchCols; ++i) cmax[i] = max(cmax[i], red_col[q][kPatchCols * cc + i]);
-          }
-        }
+        for (int i = 0; i < kPatchCols; ++i)
+          col_div[slot(kPatchCols * cc + i, (kPatchRows * rq) >> lgB)].s = u2f(cmax[i]);
       }
     }
-  }
-
-  // ---- scales: element scales kept, stored bits written by one thread per (output row, block) ----
-  const float ts = tensor_scale_of(a);
-  if (blockIdx.x == 0 && threadIdx.x == 0 && a.tensor_scale != nullptr) *a.tensor_scale = ts;
-  const int br = two_d ? a.spec.block_rows : B;  // block length along x's columns for x^T
-  float rs[kPatchRows], cs[kPatchCols];
-  // kSquare: the patch's one block (every rmax[j] and cmax[i] is its maximum).
-  [[maybe_unused]] BlockScale block_bs;
-  [[maybe_unused]] Divisor block_div;
-  if constexpr (two_d) {
-    block_bs = block_scale(rmax[0], a.spec.scale, E, ts);
-    block_div = divisor_of(block_bs.s, kReciprocalChecked<T>);
-  }
-  const auto scale_of = [&](uint32_t m) { return two_d ? block_bs : block_scale(m, a.spec.scale, E, ts); };
-  if constexpr (kRowCol128) {
-    // Every tile row is one block of x, every tile column one of x^T: 128 threads compute the row
-    // blocks' scales and divisors, 128 the columns', once each, instead of each of the 16 (or 32)
-    // threads that share a block computing them again (the block scale and the reciprocal are two
-    // IEEE divisions: a large share of the kernel's instructions otherwise).
-    if (threadIdx.x < 2 * kTile) {
-      const bool row = threadIdx.x < kTile;
-      const int t = threadIdx.x % kTile;
+    __syncthreads();
+    const int row_blocks = rows_out ? kTile * nb : 0;
+    const int blocks = row_blocks + (cols_out ? kTile * nb : 0);
+    for (int k = threadIdx.x; k < blocks; k += kThreads) {
+      const bool row = k < row_blocks;
+      const int kk = row ? k : k - row_blocks;
+      const int t = kk >> (7 - lgB), b = kk & (nb - 1);  // tile row (column), its block
+      Divisor& d = (row ? row_div : col_div)[slot(t, b)];
       uint32_t m = 0;
+      if (B == kTile) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) m = max(m, row ? red_row[q][t] : red_col[q][t]);
+        for (int q = 0; q < 4; ++q) m = max(m, row ? red_row[q][t] : red_col[q][t]);
+      } else {
+        m = f2u(d.s);
+      }
       const BlockScale bs = block_scale(m, a.spec.scale, E, ts);
-      (row ? row_div : col_div)[t] = divisor_of(bs.s, kReciprocalChecked<T>);
-      if (row && tile_r + t < a.rows && tile_c < a.row.inner_store)
-        store_scale(a.row, a.spec.scale, tile_r + t, tile_c / kTile, bs.stored);
-      if (!row && tile_c + t < a.cols && tile_r < a.col.inner_store)
-        store_scale(a.col, a.spec.scale, tile_c + t, tile_r / kTile, bs.stored);
+      d = divisor_of(bs.s, row ? kReciprocalChecked<T> : kColReciprocal);
+      if (row && tile_r + t < a.rows && tile_c + (b << lgB) < a.row.inner_store)
+        store_scale(a.row, a.spec.scale, tile_r + t, (tile_c >> lgB) + b, bs.stored);
+      if (!row && tile_c + t < a.cols && tile_r + (b << lgB) < a.col.inner_store)
+        store_scale(a.col, a.spec.scale, tile_c + t, (tile_r >> lgB) + b, bs.stored);
     }
     __syncthreads();
-  } else if (rows_out) {
-    // 2-D plain: one scale per block; otherwise one per row of a block (the Blackwell layout
-    // repeats a 16x16 block's scale on each of its rows).
-    const bool per_row = !two_d || a.row.layout == ScaleLayout::kBlackwell;
-    const bool writer = cc % (B / kPatchCols) == 0 && c0 < a.row.inner_store &&
-                        (per_row || rq % (br / kPatchRows) == 0);
-#pragma unroll
-    for (int j = 0; j < kPatchRows; ++j) {
-      const BlockScale bs = scale_of(rmax[j]);
-      rs[j] = bs.s;
-      if (writer && r0 + j < a.rows && (per_row || j == 0))
-        store_scale(a.row, a.spec.scale, per_row ? r0 + j : r0 / br, c0 / B, bs.stored);
-    }
-  }
-  if (!kRowCol128 && cols_out) {
-    const bool per_row = !two_d || a.col.layout == ScaleLayout::kBlackwell;
-    const bool writer = rq % (br / kPatchRows) == 0 && r0 < a.col.inner_store &&
-                        (per_row || cc % (B / kPatchCols) == 0);
-#pragma unroll
-    for (int i = 0; i < kPatchCols; ++i) {
-      const BlockScale bs = scale_of(cmax[i]);
-      cs[i] = bs.s;
-      if (writer && c0 + i < a.cols && (per_row || i == 0))
-        store_scale(a.col, a.spec.scale, per_row ? c0 + i : c0 / B, r0 / br, bs.stored);
-    }
   }
 
   // ---- codes ----
-  // T x's values are float32 sums, outside the significands `quotient`'s reciprocal was checked on.
-  constexpr bool kColReciprocal = !kHad && kReciprocalChecked<T>;
   // x^T codes of patch column i, rows 4rq .. 4rq+3 packed (row 4rq + j at bits j * kBits): one
   // shared-memory store per column once the patch is done.
   uint32_t tcol[kPatchCols] = {};
-  // SR goes row by row (a row's Philox blocks). Keeping 8 column reciprocals in registers as well
-  // spills under the 64-register cap, so the other kinds divide; kRowCol128 reads each column's
-  // divisor from shared memory where it is used. RNE goes column by column, one reciprocal at a time.
+  // SR goes row by row (a row's Philox blocks), reading each column's divisor from shared memory
+  // where it is used (hoisted out of the row loop, the 8 divisors spill under the 64-register cap).
+  // RNE goes column by column, one divisor at a time.
   // Both outputs draw the same bits when their offsets agree: one Philox stream then serves both.
   const bool same_bits = rows_out && a.row.offset == a.col.offset;
   // kSquare: x^T codes are x codes, transposed (see the top), where both draw the same bits.
   const bool codes_shared = two_d && rows_out && cols_out && (!kSR || same_bits);
-  // Block divisors: kRowCol128 reads them from shared memory, kSquare has its block's, the other kinds
-  // compute them.
   const auto row_divisor = [&](int j) -> Divisor {
-    if constexpr (kRowCol128) {
-      return row_div[kPatchRows * rq + j];
-    } else if constexpr (two_d) {
+    if constexpr (two_d) {
       return block_div;
     } else {
-      return divisor_of(rs[j], kReciprocalChecked<T>);
+      return row_div[slot(kPatchRows * rq + j, (kPatchCols * cc) >> lgB)];
     }
   };
   const auto col_divisor = [&](int i) -> Divisor {
-    if constexpr (kRowCol128) {
-      // volatile: read where used; hoisted out of SR's row loop, the 8 divisors would spill.
-      const volatile Divisor& d = col_div[kPatchCols * cc + i];
-      return Divisor{d.s, d.r};
-    } else if constexpr (two_d) {
+    if constexpr (two_d) {
       return block_div;
     } else {
-      return divisor_of(cs[i], kColReciprocal);
+      const volatile Divisor& d = col_div[slot(kPatchCols * cc + i, (kPatchRows * rq) >> lgB)];
+      return Divisor{d.s, d.r};
     }
   };
 #pragma unroll
@@ -356,15 +342,9 @@ quantize_tile_kernel(const Args a, const Flags f) {
         if (!same_bits && r0 + j < sr_rows) run_bits<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.col.offset);
 #pragma unroll
         for (int i = 0; i < kPatchCols; ++i) {
-          float q;
-          if constexpr (kRowCol128 || two_d) {
-            const Divisor d = col_divisor(i);
-            if (!(fabsf(d.s) < INFINITY)) continue;
-            q = quotient(col_value(j, i), d);
-          } else {
-            if (!(fabsf(cs[i]) < INFINITY)) continue;
-            q = div_rn(col_value(j, i), cs[i]);
-          }
+          const Divisor d = col_divisor(i);
+          if (!(fabsf(d.s) < INFINITY)) continue;
+          const float q = kColReciprocal ? quotient(col_value(j, i), d) : div_rn(col_value(j, i), d.s);
           tcol[i] |= round_to_code(q, format_of(E), true, bits_of(w, i)) << (j * kBits);
         }
       }
