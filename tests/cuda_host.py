@@ -253,6 +253,19 @@ def quantize(x: torch.Tensor, spec: QuantSpec, rowwise=True, colwise=False, seed
     return tuple(out)
 
 
+def tensor_amax(x: torch.Tensor) -> float:
+    """NVFP4's amax pass alone (quantize_amax.cu) on x in place (its row stride and address phase):
+    max |x| with NaN as Inf, 0.0 for an all-zero x."""
+    lib = load()
+    xg = Guarded.copy_of(x)
+    amax = Guarded.output((), torch.float32, zero=True)
+    check_launch(lib, lib.snip_quantize_tensor_amax(xg.tensor.data_ptr(), DTYPE[x.dtype], x.shape[0], x.shape[1],
+                                                    x.stride(0), amax.tensor.data_ptr()))
+    xg.check("input")
+    amax.check("amax")
+    return float(amax.tensor)
+
+
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, tensor_scale, spec: QuantSpec, cols: int,
                dtype: torch.dtype) -> torch.Tensor:
     """snip_C::dequantize on the CPU."""

@@ -133,6 +133,30 @@ def test_nvfp4_amax_pass_many_ctas(dtype):
         CASES.check(x, spec, seed=1)
 
 
+@pytest.mark.parametrize("shape", [(3000, 7), (2, 70001), (1, 300000), (37, 4104)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_amax_pass_grid_strides(shape, dtype):
+    # Grids that step whole rows only (7 columns: one run a row), rows and runs with a carry (70001
+    # columns), runs within one row (a row longer than the grid), and rows with a carry; each thread
+    # takes two runs a grid stride apart. The maximum sits in each run of a thread's last step in turn,
+    # against torch's abs().max() (NaN counts as Inf); aligned rows and a misaligned view.
+    rows, cols = shape
+    base = rand((rows, cols + 5), dtype, seed=rows)
+    for view in (lambda t: t[:, :cols].contiguous(), lambda t: t[:, 3:cols + 3]):
+        x = view(base)
+        assert cuda_host.tensor_amax(x) == x.abs().max().float().item()
+        for flat in (rows * cols - 1, rows * cols // 2, rows * cols // 3 + 5):
+            y = base.clone()
+            y[flat // cols, flat % cols + 3] = y[flat // cols, flat % cols] = -3e4
+            y = view(y)
+            peak = abs(y[flat // cols, flat % cols].float().item())
+            assert cuda_host.tensor_amax(y) == y.abs().max().float().item() == peak, flat
+    x = torch.zeros(shape, dtype=dtype)
+    assert cuda_host.tensor_amax(x) == 0.0
+    x[-1, -1] = float("nan")
+    assert cuda_host.tensor_amax(x) == float("inf")
+
+
 def test_nvfp4_element_scale_underflow():
     CASES.nvfp4_element_scale_underflow()
 
