@@ -151,10 +151,12 @@ def quantize_hadamard_t(x: torch.Tensor, spec: QuantSpec, signs: torch.Tensor, *
     """`quantize(random_hadamard(x, signs), spec, transpose=True, ...)`: (T x)^T, the wgrad operand of a
     recipe with a random Hadamard transform (hadamard.py), bit for bit. With 1x16 blocks and the 16
     signs the native quantizer does it in one op: on a GPU the transform runs inside the column pass
-    (and the NVFP4 tensor-amax pass), with no T x in memory; on the CPU its host implementation."""
+    (and the NVFP4 tensor-amax pass), with no T x in memory; on the CPU its host implementation. That
+    covers FP4 elements (the transform exists for NVFP4 training); other elements quantize T x."""
     reference.check_input(x)
     reference.check_scale_layout(spec, scale_layout)
-    if signs.numel() == HADAMARD_SIZE and spec.block == (1, HADAMARD_SIZE) and _use_kernel(x, spec):
+    if (signs.numel() == HADAMARD_SIZE and spec.block == (1, HADAMARD_SIZE) and spec.element == E2M1
+            and _use_kernel(x, spec)):
         _, col = _kernel_quantize(x, spec, seed, offset, offset, False, True, None, False, scale_layout,
                                   sign_mask(signs))
         return col

@@ -15,7 +15,7 @@
 // tiling want. Padding elements get code 0; blocks made only of padding get scale 1. SR bits
 // depend on the element's index in the unpadded x only, so padding never shifts them.
 //
-// hadamard_signs >= 0 (a 16-bit sign mask; column output only, 1x16 blocks): codes_t is (T x)^T,
+// hadamard_signs >= 0 (a 16-bit sign mask; column output only, e2m1 in 1x16 blocks): codes_t is (T x)^T,
 // T the 16-point random Hadamard transform on x's rows (quant/hadamard.cuh), x's rows zero-padded to
 // M16 = round_up(M, 16) first: codes_t [K, round_up(M16, pad)]; SR indices and the NVFP4 tensor amax
 // are those of T x [M16, K] (snip_ops.hadamard.random_hadamard, then the reference quantization).
@@ -105,6 +105,8 @@ Checked check_args(const at::Tensor& x, c10::string_view spec, bool rowwise, boo
                 "(rowwise=False, colwise=True)");
     TORCH_CHECK(s.block_rows == 1 && s.block_cols == quant::kHadamardSize, kOp,
                 "the Hadamard transform needs 1x16 blocks (one transform group per block), got spec ", spec);
+    TORCH_CHECK(s.elem == quant::Elem::kE2M1, kOp, "the Hadamard transform is fused for e2m1 elements only "
+                "(snip_ops.quantize_hadamard_t transforms first for others), got spec ", spec);
   }
   if (tensor_amax.has_value()) {
     TORCH_CHECK(s.scale == quant::ScaleKind::kNVFP4, kOp, "tensor_amax is only used by nvfp4 scaling");

@@ -14,7 +14,7 @@
 // with the padded pitch) and leave as coalesced 32-bit stores along the rows of x^T.
 // __launch_bounds__(512, 2) caps registers at 64 so that two CTAs share an SM and one loads while
 // the other computes (float32 inputs spill a few bytes in some kinds; 16-bit inputs none).
-// Four instantiations per (input, element, rounding) (TileKind): kAny takes 1-D blocks of any length
+// Four kinds per (input, element, rounding) (TileKind; kHadamard for E2M1 only): kAny takes 1-D blocks of any length
 // and reads its blocks and outputs from the arguments; kRowCol128 (the layer's hot case: both outputs
 // of 1x128 blocks), kSquare (2-D blocks, the weights') and kHadamard fix theirs at compile time, so the
 // compiler drops the other cases' code and live ranges, which spill under the 64-register cap; the
@@ -24,7 +24,7 @@
 // patch lies in one block, so it computes that block's scale and divisor once; and as an element of
 // x and of x^T has the same block, value and divisor, its x^T code is its x code wherever both draw
 // the same random bits (RNE, or SR with equal offsets): the x^T codes are then the x codes transposed.
-// The Hadamard variant (kHadamard: column output only, 1x16 blocks, nvfp4_train's wgrad operands) quantizes
+// The Hadamard variant (kHadamard: column output only, E2M1 in 1x16 blocks, nvfp4_train's wgrad operands) quantizes
 // (T x)^T: a 16-row group is 4 row quads, lanes lane ^ 1 and lane ^ 2 of one another, so the
 // transform's first two butterfly stages run inside a thread's patch and the last two through
 // shuffles; it keeps the transformed patch in float32 (32 more registers).
@@ -428,9 +428,15 @@ cudaError_t launch_quantize_tile(const Args& a, cudaStream_t stream) {
   const bool two_d = br == bc && (bc == 16 || bc == 128);
   if (!(one_d || two_d) || (a.row.codes == nullptr && a.col.codes == nullptr)) return cudaErrorInvalidValue;
   if (a.hadamard) {
-    if (a.row.codes != nullptr || a.col.codes == nullptr || br != 1 || bc != kHadamardSize) return cudaErrorInvalidValue;
-    return dispatch_quantize(a, [&]<typename T, Elem E, bool kSR>() {
-      return launch<T, E, kSR, TileKind::kHadamard>(a, stream);
+    if (a.row.codes != nullptr || a.col.codes == nullptr || br != 1 || bc != kHadamardSize ||
+        a.spec.elem != Elem::kE2M1)
+      return cudaErrorInvalidValue;
+    return dispatch_quantize(a, [&]<typename T, Elem E, bool kSR>() -> cudaError_t {
+      if constexpr (E == Elem::kE2M1) {
+        return launch<T, E, kSR, TileKind::kHadamard>(a, stream);
+      } else {
+        return cudaErrorInvalidValue;
+      }
     });
   }
   return dispatch_quantize(a, [&]<typename T, Elem E, bool kSR>() {

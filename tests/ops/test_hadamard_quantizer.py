@@ -17,8 +17,11 @@ from snip_ops.reference import quantize as reference_quantize
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SPECS = [recipe("nvfp4_train").act, recipe("nvfp4_train").grad, QuantSpec(E4M3, (1, 16), ScaleKind.FP32, Rounding.SR),
-         QuantSpec(E5M2, (1, 16), ScaleKind.POW2), QuantSpec(E2M1, (1, 16), ScaleKind.E8M0, Rounding.SR)]
+# The fused transform covers FP4 elements; other elements are refused by the op (quantize_hadamard_t
+# transforms first for them).
+SPECS = [recipe("nvfp4_train").act, recipe("nvfp4_train").grad, QuantSpec(E2M1, (1, 16), ScaleKind.FP32, Rounding.SR),
+         QuantSpec(E2M1, (1, 16), ScaleKind.POW2), QuantSpec(E2M1, (1, 16), ScaleKind.E8M0, Rounding.SR)]
+UNFUSED_SPECS = [QuantSpec(E4M3, (1, 16), ScaleKind.FP32, Rounding.SR), QuantSpec(E5M2, (1, 16), ScaleKind.POW2)]
 # M: one token, a partial group, whole groups, several tiles with a partial last group; K: odd (scalar
 # loads, per-element Philox), vector-friendly, past a tile.
 SHAPES = [(1, 1), (5, 16), (37, 24), (130, 257), (300, 40)]
@@ -78,6 +81,12 @@ def test_kernels_input_dtypes_strides_padding_and_layouts(shim, dtype):
     _check(_shim(x, spec, tensor_amax=torch.tensor(100.0)), x, spec, tensor_amax=torch.tensor(100.0))
 
 
+@pytest.mark.parametrize("spec", UNFUSED_SPECS, ids=lambda s: s.describe())
+def test_kernels_refuse_other_elements(shim, spec):
+    with pytest.raises(cuda_host.LaunchError):
+        _shim(rand((37, 24), seed=1), spec)
+
+
 def test_kernels_non_finite_input_poisons_its_groups_blocks(shim):
     spec = recipe("nvfp4_train").act
     x = rand((40, 24), seed=3)
@@ -111,14 +120,17 @@ def test_cpu_op_refuses_what_the_transform_does_not_cover():
         torch.ops.snip_C.quantize(x, recipe("nvfp4_train").act.describe(), True, True, 0, 0, 0, None, "plain", 1, 5)
     with pytest.raises(RuntimeError, match="1x16 blocks"):
         torch.ops.snip_C.quantize(x, "e2m1/1x32/e8m0/rne", False, True, 0, 0, 0, None, "plain", 1, 5)
+    with pytest.raises(RuntimeError, match="e2m1 elements only"):
+        torch.ops.snip_C.quantize(x, "e4m3/1x16/fp32/sr", False, True, 0, 0, 0, None, "plain", 1, 5)
     with pytest.raises(RuntimeError, match="16-bit sign mask"):
         torch.ops.snip_C.quantize(x, recipe("nvfp4_train").act.describe(), False, True, 0, 0, 0, None, "plain", 1,
                                   1 << 16)
 
 
-@pytest.mark.parametrize("spec", [recipe("nvfp4_train").grad, QuantSpec(E4M3, (1, 128))], ids=lambda s: s.describe())
+@pytest.mark.parametrize("spec", [recipe("nvfp4_train").grad, QuantSpec(E4M3, (1, 128))] + UNFUSED_SPECS,
+                         ids=lambda s: s.describe())
 def test_quantize_hadamard_t_is_the_reference(spec):
-    """Fused where the native quantizer covers the spec (1x16 blocks), composed otherwise: the same
+    """Fused where the native quantizer covers the spec (FP4, 1x16 blocks), composed otherwise: the same
     QTensor as the reference quantization of T x transposed, shape (K, padded tokens)."""
     x = rand((37, 24), seed=6)
     got = quantize_hadamard_t(x, spec, SIGNS, seed=2, offset=3)
