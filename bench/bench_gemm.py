@@ -72,7 +72,7 @@ def scaled_mm_baselines(a, b, m, n, k) -> dict[str, callable]:
     """torch._scaled_mm on the same FP8 codes: row-wise, tensor-wise, and block-wise scales where
     this torch supports them on the operands' device."""
     device = a.codes.device
-    ca, cb = gk._fp8_codes(a), gk._fp8_codes(b)  # [m, k], [n, k]; b.t() is column-major as cuBLAS wants
+    ca, cb = gk._fp8_codes(a, m, k), gk._fp8_codes(b, n, k)  # b.t() is column-major as cuBLAS wants
     ones_a, ones_b = torch.ones(m, 1, device=device), torch.ones(1, n, device=device)
     one = torch.ones((), device=device)
     out = {

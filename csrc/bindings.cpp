@@ -21,6 +21,7 @@ struct KernelEntry {
 constexpr KernelEntry kKernels[] = {
     {"quantize", "*", true},  // also the tensor-amax pass of nvfp4
     {"dequantize", "*", true},
+    {"e2m1_as_e4m3", "*", true},
     {"adamw", "*", true},
 // The FP8 blockwise op (fp8_gemm_nt_blockwise, also _acc) runs one kernel family per arch and A type.
 #if SNIP_HAS_SM90
@@ -72,6 +73,7 @@ TORCH_LIBRARY(snip_C, m) {
         "Tensor scales, Tensor codes_t, Tensor scales_t, Tensor tensor_scale)");
   m.def("dequantize(Tensor codes, Tensor scales, Tensor? tensor_scale, str spec, int cols, ScalarType dtype) "
         "-> Tensor");
+  m.def("e2m1_as_e4m3(Tensor codes, int cols, int rows_out, int cols_out) -> Tensor");
   m.def("adamw_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
         "int[] param_indices, int[] index_bases, float decay, float beta1, float one_minus_beta1, float beta2, "
         "float one_minus_beta2, float inv_bias_correction2_sqrt, float step_size, float eps, int step, int seed, "
@@ -95,7 +97,7 @@ TORCH_LIBRARY(snip_C, m) {
 
 // The ops with a device kernel and a Meta function, as X(name) lists per arch, so that each name is
 // written once for both registrations below.
-#define SNIP_COMMON_OPS(X) X(quantize) X(dequantize)
+#define SNIP_COMMON_OPS(X) X(quantize) X(dequantize) X(e2m1_as_e4m3)
 #if SNIP_HAS_SM90 || SNIP_HAS_SM100
 #define SNIP_FP8_BLOCKWISE_OPS(X) X(fp8_gemm_nt_blockwise) X(fp8_gemm_nt_blockwise_acc)
 #else
@@ -110,8 +112,8 @@ TORCH_LIBRARY(snip_C, m) {
 
 namespace {
 
-// CUDA and CPU share each op's entry point. On the CPU quantize, dequantize and adamw_ run their host
-// implementations (the kernels' arithmetic); the GEMMs run their argument checks and then refuse
+// CUDA and CPU share each op's entry point. On the CPU quantize, dequantize, e2m1_as_e4m3 and adamw_ run
+// their host implementations (the kernels' arithmetic); the GEMMs run their argument checks and then refuse
 // with a message that points to the PyTorch reference (instead of the dispatcher's generic "no CPU
 // backend" error). A build without CUDA registers the CPU implementations only.
 void impl_device_ops(torch::Library& m) {

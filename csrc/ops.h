@@ -29,6 +29,10 @@ at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, const s
 at::Tensor dequantize_meta(const at::Tensor& codes, const at::Tensor& scales,
                            const std::optional<at::Tensor>& tensor_scale, c10::string_view spec, int64_t cols,
                            at::ScalarType dtype);
+// Packed E2M1 codes [rows, >= ceil(cols / 2)] -> float8_e4m3fn [rows_out, cols_out] of the same values,
+// zeros past rows / cols (the FP4 operands of the FP8 blockwise GEMMs; quant/e2m1_as_e4m3_op.cpp).
+at::Tensor e2m1_as_e4m3(const at::Tensor& codes, int64_t cols, int64_t rows_out, int64_t cols_out);
+at::Tensor e2m1_as_e4m3_meta(const at::Tensor& codes, int64_t cols, int64_t rows_out, int64_t cols_out);
 
 }  // namespace snip
 

@@ -375,14 +375,17 @@ def fp4_codes_as_e4m3(q: QTensor) -> torch.Tensor:
     return both[:, : q.shape[1]].contiguous().view(torch.float8_e4m3fn)
 
 
-def _fp8_codes(q: QTensor) -> torch.Tensor:
-    """q's codes as the FP8 blockwise op takes them: float8_e5m2 for E5M2, float8_e4m3fn for E4M3
-    and for E2M1 (re-encoded)."""
+def _fp8_codes(q: QTensor, rows: int, cols: int) -> torch.Tensor:
+    """q's codes as the FP8 blockwise op takes them, zero-padded to [rows, cols]: float8_e5m2 for E5M2,
+    float8_e4m3fn for E4M3 and for E2M1 (re-encoded: by snip_C::e2m1_as_e4m3 where the extension has
+    it, one pass that also pads; else `fp4_codes_as_e4m3`, then a padding copy)."""
     if q.spec.element == E2M1:
-        return fp4_codes_as_e4m3(q)
+        if _ext.kernel_available("e2m1_as_e4m3", q.codes.device):
+            return torch.ops.snip_C.e2m1_as_e4m3(q.codes, q.shape[1], rows, cols)
+        return _pad_2d(fp4_codes_as_e4m3(q), rows, cols)
     dtype = torch.float8_e5m2 if q.spec.element == E5M2 else torch.float8_e4m3fn
     codes = q.codes.contiguous()
-    return codes if codes.dtype == dtype else codes.view(dtype)
+    return _pad_2d(codes if codes.dtype == dtype else codes.view(dtype), rows, cols)
 
 
 def _pad_2d(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -451,8 +454,8 @@ def prepare_sm90(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.bfloat16
     n = b.shape[0]
     k_pad = _round_up(k, 16)
     n_pad = _round_up(n, 8 if out_dtype == torch.bfloat16 else 4)
-    ca = _pad_2d(_fp8_codes(a), m, k_pad)
-    cb = _pad_2d(_fp8_codes(b), n_pad, k_pad)
+    ca = _fp8_codes(a, m, k_pad)
+    cb = _fp8_codes(b, n_pad, k_pad)
     sfa, _ = hopper_scales(a, "a")
     sfb, b_block = hopper_scales(b, "b", rows=n_pad)
     return ca, sfa, cb, sfb, b_block, n_pad

@@ -155,6 +155,17 @@ def _check_dequantize(device: torch.device) -> None:
         _same(dequantize(on_device), reference_dequantize(want), f"dequantize of {text} [37, 300]")
 
 
+def _check_e2m1_as_e4m3(device: torch.device) -> None:
+    from .formats import E2M1, QuantSpec
+    from .gemm_kernels import _pad_2d, fp4_codes_as_e4m3
+    from .reference import QTensor
+
+    # every byte value, 31 of the 32 codes of each row (an odd tail), rows and columns of padding
+    codes = torch.arange(320, dtype=torch.int64).remainder(256).to(torch.uint8).reshape(16, 20)[:, 2:18]
+    want = _pad_2d(fp4_codes_as_e4m3(QTensor(codes, torch.ones(16, 1), QuantSpec(E2M1), (16, 31))), 21, 40)
+    _same(torch.ops.snip_C.e2m1_as_e4m3(codes.to(device), 31, 21, 40), want, "e2m1_as_e4m3 [16, 31] -> [21, 40]")
+
+
 def _gemm_check(kernel: str) -> Callable[[torch.device], None]:
     def check(device: torch.device) -> None:
         for m, n, k in ((37, 24, 300), (128, 136, 512)):
@@ -182,6 +193,7 @@ def _check_adamw(device: torch.device) -> None:
 CHECKS: dict[str, Callable[[torch.device], None]] = {
     "quantize": _check_quantize,
     "dequantize": _check_dequantize,
+    "e2m1_as_e4m3": _check_e2m1_as_e4m3,
     "adamw": _check_adamw,
     **{kernel: _gemm_check(kernel) for kernel in GEMM_KERNELS},
 }

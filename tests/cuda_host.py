@@ -39,7 +39,7 @@ NATIVE = Path(__file__).parent / "native"
 CSRC = ROOT / "csrc"
 QUANT, OPTIM = CSRC / "quant", CSRC / "optim"
 KERNELS = [QUANT / "quantize_rows.cu", QUANT / "quantize_tile.cu", QUANT / "quantize_amax.cu", QUANT / "dequantize.cu",
-           OPTIM / "adamw.cu"]
+           QUANT / "e2m1_as_e4m3.cu", OPTIM / "adamw.cu"]
 SHIM_HEADER = NATIVE / "cuda_host_shim.h"
 HOST_SOURCES = [NATIVE / "cuda_host_shim.cpp", NATIVE / "kernels_capi.cpp"]
 SELF_TEST = NATIVE / "cuda_host_shim_selftest.cu"
@@ -101,6 +101,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.snip_quantize_tensor_amax.argtypes = [ptr, i32, i64, i64, i64, ptr]
     lib.snip_quantize_tensor_amax_hadamard.argtypes = [ptr, i32, i64, i64, i64, ctypes.c_uint32, ptr]
     lib.snip_dequantize.argtypes = [ptr, i64, ptr, i64, ptr, i32, i32, i32, i32, i64, i64, ptr, i32]
+    lib.snip_e2m1_as_e4m3.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, i64]
     lib.snip_adamw_blocks.argtypes = [i64, i64]
     lib.snip_adamw_blocks.restype = i64
     lib.snip_adamw.argtypes = [ptr, ptr, i32, i64, ptr, u64, i32, i32, i32]
@@ -264,6 +265,19 @@ def tensor_amax(x: torch.Tensor) -> float:
     xg.check("input")
     amax.check("amax")
     return float(amax.tensor)
+
+
+def e2m1_as_e4m3(codes: torch.Tensor, cols: int, rows_out: int, cols_out: int, out_phase: int = 0) -> torch.Tensor:
+    """snip_C::e2m1_as_e4m3 on the CPU: [rows_out, cols_out] E4M3 bytes (uint8); `out_phase` places the
+    output off the allocator's alignment (the kernel's byte-store path)."""
+    lib = load()
+    cg = Guarded.copy_of(codes)
+    out = Guarded((rows_out, cols_out), cols_out, torch.uint8, out_phase, _GARBAGE)
+    check_launch(lib, lib.snip_e2m1_as_e4m3(cg.tensor.data_ptr(), codes.stride(0), codes.shape[0], cols,
+                                            out.tensor.data_ptr(), cols_out, rows_out, cols_out))
+    out.check("E4M3 codes")
+    cg.check("input")
+    return out.tensor
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, tensor_scale, spec: QuantSpec, cols: int,

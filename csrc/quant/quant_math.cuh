@@ -206,6 +206,14 @@ SNIP_QM uint32_t round_to_code(float v, const Format& f, bool sr, uint32_t rand)
   return sign | (code < f.max_code ? code : f.max_code);
 }
 
+// The E4M3 byte with the value of E2M1 code c (4 bits; every E2M1 value is an E4M3 value): the sign
+// moves from bit 3 to bit 7; a normal magnitude code 2E + m (E >= 1) is 2^(E-1) (1 + m / 2): E4M3
+// exponent field E + 6, mantissa m << 2, i.e. byte 4 * code + 0x30; the subnormal 0.5 (code 1) is 0x30.
+SNIP_QM uint32_t e2m1_as_e4m3_byte(uint32_t c) {
+  const uint32_t mag = c & 7u;
+  return ((c & 8u) << 4) | (mag >= 2u ? 4u * mag + 0x30u : 0x30u * mag);
+}
+
 // cast.decode for the formats here (NaN codes give NaN, Inf codes +-Inf).
 SNIP_QM float decode(uint32_t code, const Format& f) {
   const uint32_t mag = code & ((1u << f.sign_shift) - 1);

@@ -81,6 +81,11 @@ cudaError_t launch_quantize_tensor_amax_hadamard(const void* x, InputDType dtype
 cudaError_t launch_dequantize(const void* codes, int64_t ld, const void* scales, int64_t lds, const float* tensor_scale,
                               const Spec& spec, int64_t rows, int64_t cols, void* out, bool out_bf16,
                               cudaStream_t stream);
+// Packed E2M1 codes [rows, cols] (row stride ld bytes, element 2j in the low nibble of byte j) ->
+// E4M3 bytes of the same values [rows_out, cols_out] (row stride ld_out), zeros past rows / cols
+// (e2m1_as_e4m3.cu).
+cudaError_t launch_e2m1_as_e4m3(const uint8_t* codes, int64_t ld, int64_t rows, int64_t cols, uint8_t* out,
+                                int64_t ld_out, int64_t rows_out, int64_t cols_out, cudaStream_t stream);
 #endif  // SNIP_WITH_CUDA
 
 }  // namespace snip::quant

@@ -90,6 +90,11 @@ extern "C" int snip_dequantize(const void* codes, int64_t ld, const void* scales
                                         out_bf16 != 0, nullptr);
 }
 
+extern "C" int snip_e2m1_as_e4m3(const uint8_t* codes, int64_t ld, int64_t rows, int64_t cols, uint8_t* out,
+                                 int64_t ld_out, int64_t rows_out, int64_t cols_out) {
+  return snip::quant::launch_e2m1_as_e4m3(codes, ld, rows, cols, out, ld_out, rows_out, cols_out, nullptr);
+}
+
 extern "C" int64_t snip_adamw_blocks(int64_t numel, int64_t index_base) {
   TensorSlot t{};
   t.numel = numel;

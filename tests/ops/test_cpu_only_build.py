@@ -24,7 +24,7 @@ CHECK = textwrap.dedent("""
 
     assert _ext.HAS_KERNELS, _ext.build_info()
     assert _ext.compiled_archs() == [], _ext.compiled_archs()
-    assert set(_ext.kernels()) == {"quantize", "dequantize", "adamw"}, _ext.kernels()
+    assert set(_ext.kernels()) == {"quantize", "dequantize", "e2m1_as_e4m3", "adamw"}, _ext.kernels()
     assert _ext.kernel_available("quantize", "cpu") and _ext.kernel_available("dequantize", "cpu")
     g = torch.Generator().manual_seed(0)
     x = torch.randn(130, 200, generator=g) * torch.logspace(-4, 4, 200)

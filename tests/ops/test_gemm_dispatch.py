@@ -390,8 +390,9 @@ def test_prepared_sm90_args_pass_the_op_checks(fake_arch, m, n, k, name, gemm_ki
 @pytest.mark.parametrize("name, gemm_kind", [("fp8", "fprop"), ("fp8", "wgrad"), ("fp4", "dgrad"),
                                              ("fp8_e5m2grad", "dgrad")])
 def test_sm90_path_traces_with_fake_tensors(fake_arch, name, gemm_kind):
-    # What torch.compile sees on an H100: the wrapper's conversions plus one snip_C op (its Meta
-    # function gives the shape), no data-dependent Python.
+    # What torch.compile sees on an H100: the wrapper's conversions plus one snip_C GEMM op (its Meta
+    # function gives the shape; FP4 operands are re-encoded by one snip_C op each), no data-dependent
+    # Python.
     from torch.fx.experimental.proxy_tensor import make_fx
 
     fake_arch((9, 0))
@@ -404,7 +405,8 @@ def test_sm90_path_traces_with_fake_tensors(fake_arch, name, gemm_kind):
 
     gm = make_fx(f, tracing_mode="fake")(a.codes, a.scales, b.codes, b.scales, torch.randn(40))
     ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function" and "snip_C" in str(n.target)]
-    assert ops == ["snip_C.fp8_gemm_nt_blockwise.default"]
+    recode = ["snip_C.e2m1_as_e4m3.default"] * 2 if name == "fp4" else []
+    assert ops == recode + ["snip_C.fp8_gemm_nt_blockwise.default"]
     (out,) = [n for n in gm.graph.nodes if n.op == "output"][0].args[0:1]
     assert out.meta["val"].shape == (64, 40) and out.meta["val"].dtype == torch.bfloat16
 
