@@ -202,22 +202,22 @@ quantize_tile_kernel(const Args a, const Flags f) {
     const int br = a.spec.block_rows;
     const BlockScale bs = block_scale(m, a.spec.scale, E, ts);
     block_div = divisor_of(bs.s, kReciprocalChecked<T>);
-    // Plain: one scale per block; Blackwell: one per row of a block (its layout repeats a 16x16
-    // block's scale on each of its rows), stored by the block's first column octet.
-    if (rows_out && c0 < a.row.inner_store && cc % (br / kPatchCols) == 0) {
-      const bool per_row = a.row.layout == ScaleLayout::kBlackwell;
+    // The block's scale in output o, whose rows start at the patch's outer0 (kN of them, up to
+    // outer_end) and whose blocks along a row at inner0. Plain: one scale per block, stored by the
+    // patch at its corner; Blackwell: one per row of a block (its layout repeats a 16x16 block's
+    // scale on each of its rows), stored by the patches at the block's first inner index.
+    const auto store_block_scale = [&]<int kN>(const Output& o, int64_t outer0, int64_t outer_end, int64_t inner0,
+                                               bool first_inner, bool first_outer) {
+      if (inner0 >= o.inner_store || !first_inner) return;
+      const bool per_row = o.layout == ScaleLayout::kBlackwell;
 #pragma unroll
-      for (int j = 0; j < kPatchRows; ++j)
-        if (r0 + j < a.rows && (per_row || (j == 0 && rq % (br / kPatchRows) == 0)))
-          store_scale(a.row, a.spec.scale, per_row ? r0 + j : r0 / br, c0 / br, bs.stored);
-    }
-    if (cols_out && r0 < a.col.inner_store && rq % (br / kPatchRows) == 0) {
-      const bool per_row = a.col.layout == ScaleLayout::kBlackwell;
-#pragma unroll
-      for (int i = 0; i < kPatchCols; ++i)
-        if (c0 + i < a.cols && (per_row || (i == 0 && cc % (br / kPatchCols) == 0)))
-          store_scale(a.col, a.spec.scale, per_row ? c0 + i : c0 / br, r0 / br, bs.stored);
-    }
+      for (int k = 0; k < kN; ++k)
+        if (outer0 + k < outer_end && (per_row || (k == 0 && first_outer)))
+          store_scale(o, a.spec.scale, per_row ? outer0 + k : outer0 / br, inner0 / br, bs.stored);
+    };
+    const bool first_cc = cc % (br / kPatchCols) == 0, first_rq = rq % (br / kPatchRows) == 0;
+    if (rows_out) store_block_scale.template operator()<kPatchRows>(a.row, r0, a.rows, c0, first_cc, first_rq);
+    if (cols_out) store_block_scale.template operator()<kPatchCols>(a.col, c0, a.cols, r0, first_rq, first_cc);
   } else {
     // 1-D: the shuffles leave each block's maximum with all the lanes that share the block; 128-long
     // blocks span the 4 warps of a quarter, whose partial maxima meet in red_row / red_col. Then one
@@ -428,11 +428,9 @@ cudaError_t launch_quantize_tile(const Args& a, cudaStream_t stream) {
   const bool two_d = br == bc && (bc == 16 || bc == 128);
   if (!(one_d || two_d) || (a.row.codes == nullptr && a.col.codes == nullptr)) return cudaErrorInvalidValue;
   if (a.hadamard) {
-    if (a.row.codes != nullptr || a.col.codes == nullptr || br != 1 || bc != kHadamardSize ||
-        a.spec.elem != Elem::kE2M1)
-      return cudaErrorInvalidValue;
+    if (a.row.codes != nullptr || a.col.codes == nullptr || br != 1 || bc != kHadamardSize) return cudaErrorInvalidValue;
     return dispatch_quantize(a, [&]<typename T, Elem E, bool kSR>() -> cudaError_t {
-      if constexpr (E == Elem::kE2M1) {
+      if constexpr (E == Elem::kE2M1) {  // the transform is fused for FP4 only (quantize_op.cpp refuses others)
         return launch<T, E, kSR, TileKind::kHadamard>(a, stream);
       } else {
         return cudaErrorInvalidValue;

@@ -50,11 +50,10 @@ def _codes(rows, cols, ld, phase):
     return packed(rows, width, ld, phase, seed=rows + cols)
 
 
-@pytest.mark.parametrize("rows, cols, ld, phase, rows_out, cols_out", CASES)
+# The shim launches the kernel on its buffers; the empty input is the CPU op's case below.
+@pytest.mark.parametrize("rows, cols, ld, phase, rows_out, cols_out", [c for c in CASES if c[0] > 0])
 @pytest.mark.parametrize("out_phase", [0, 3])
 def test_kernel_on_the_host_shim(rows, cols, ld, phase, rows_out, cols_out, out_phase):
-    if rows == 0:
-        pytest.skip("the op launches nothing for an empty input")  # the CPU op's test covers it
     codes = _codes(rows, cols, ld, phase)
     got = cuda_host.e2m1_as_e4m3(codes, cols, rows_out, cols_out, out_phase)
     assert torch.equal(got, oracle(codes, cols, rows_out, cols_out))
