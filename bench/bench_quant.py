@@ -11,6 +11,8 @@ q/k/v/o/gate/up projections, dy of o/down) and [8192, 11008] (x of down, dy of g
 
 Bandwidth = (bytes read + bytes written) / time: x once (twice when nvfp4 computes its tensor amax in a
 first pass), codes, scales. The copy baseline is `dst.copy_(x)` of the same input (2 x its bytes).
+SR variants draw their bits at a linear layer's offsets, equal for t and t^T, so the fused row + column
+ones compute one Philox stream for both outputs, as training does.
 
 Targets (issue #4): >= 0.80 of copy for fp8 row-wise RNE; >= 0.75 for the fused row + column
 (transposed) variants and for SR; >= 0.70 for nvfp4 with the Blackwell scale layout.
@@ -33,6 +35,11 @@ import torch
 from bench.gpu_bench import device_and_timer, timing_parser, write_device_result
 from snip_ops import _ext
 from snip_ops.formats import E2M1, E4M3, QuantSpec, Rounding, ScaleKind
+from snip_ops.gemm import operand_offset
+
+# SR offsets of x and x^T (or dy and dy^T) as a linear layer passes them: equal, so a fused row + column
+# SR pass computes one Philox stream for both outputs (docs/design.md §2).
+OFFSET, OFFSET_T = operand_offset(1, "dy"), operand_offset(1, "dyt")
 
 SQUARE = (8192, 8192)
 LLAMA = [(8192, 4096), (8192, 11008)]
@@ -167,7 +174,8 @@ def run(args) -> dict:
             ta = amax if (amax_in and spec.scale == ScaleKind.NVFP4) else None
 
             def fn(spec=spec, rowwise=rowwise, colwise=colwise, ta=ta, layout=layout):
-                return torch.ops.snip_C.quantize(x, spec.describe(), rowwise, colwise, 1, 2, 3, ta, layout, 1)
+                return torch.ops.snip_C.quantize(x, spec.describe(), rowwise, colwise, 1, OFFSET, OFFSET_T, ta,
+                                                 layout, 1)
 
             t = timer(fn)
             amax_pass = spec.scale == ScaleKind.NVFP4 and ta is None
@@ -176,7 +184,8 @@ def run(args) -> dict:
             t_eager = timer(eager(x, spec, rowwise, colwise))
             entry = {
                 "shape": [m, k], "variant": name, "spec": spec.describe(), "rowwise": rowwise, "colwise": colwise,
-                "scale_layout": layout, "tensor_amax_pass": amax_pass, "time_s": t, "bytes": nbytes,
+                "scale_layout": layout, "sr_offsets": [OFFSET, OFFSET_T], "tensor_amax_pass": amax_pass,
+                "time_s": t, "bytes": nbytes,
                 "GBps": nbytes / t / 1e9, "copy_GBps": copy_bw / 1e9, "fraction_of_copy": frac,
                 "target": target, "pass": None if target is None or args.smoke else frac >= target,
                 "eager_time_s": t_eager, "speedup_vs_eager": t_eager / t,

@@ -30,8 +30,10 @@ from .hadamard import random_hadamard, rht_signs
 __all__ = ["fprop", "dgrad", "wgrad", "uses_kernels", "emulated_operand", "transpose_shares_quantization",
            "fp32_mm", "OPERAND_IDS", "operand_offset", "wgrad_operand", "hadamard_wgrad_operand"]
 
+# A tensor's SR bits at one step, whichever layout it is quantized in: t^T ("wt", "dyt", "xt") draws t's
+# (docs/design.md §2), so a fused row + column pass computes one Philox stream for both of its outputs.
 # "rht": the random signs of the wgrad operands' Hadamard transform (hadamard.py), not an operand.
-OPERAND_IDS = {"x": 0, "w": 1, "dy": 2, "wt": 3, "dyt": 4, "xt": 5, "rht": 6}
+OPERAND_IDS = {"x": 0, "w": 1, "dy": 2, "xt": 0, "wt": 1, "dyt": 2, "rht": 6}
 
 
 def operand_offset(offset: int, operand: str) -> int:

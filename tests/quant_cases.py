@@ -240,7 +240,7 @@ class QuantizeCases:
 
     def fused(self, spec, shape):
         """The outputs of the first fused call."""
-        # Different offsets (the GEMMs' operand ids): two Philox streams; equal offsets: one shared.
+        # Different offsets: two Philox streams; equal offsets (a linear layer's t and t^T): one shared.
         x = self.rand(shape, seed=shape[0] * 31 + shape[1])
         got = self.check(x, spec, colwise=True, seed=2**40 + 3, offset=8, offset_t=13)
         if spec.rounding == Rounding.SR:

@@ -1,6 +1,8 @@
 """snip_ops.linear (reference path): bf16 equals F.linear, low-precision GEMMs equal the emulation on
 dequantized operands, SQNR floors per format, shapes, dtypes and errors."""
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -107,6 +109,37 @@ def test_sr_offsets_change_gradients_not_forward():
     assert not torch.equal(outs[0][1], outs[1][1]) and not torch.equal(outs[0][2], outs[1][2])
     y = linear(x, w, None, "fp4", seed=1, offset=torch.tensor(1))
     assert torch.equal(torch.autograd.grad(y, (x, w), dy)[1], outs[1][2])
+
+
+@pytest.mark.parametrize("emulate", [True, False])
+def test_a_tensor_and_its_transpose_draw_the_same_bits(emulate, monkeypatch):
+    """dgrad's dy and wgrad's dy^T round every element with the bits of (seed, 8n + 2), x and x^T with
+    those of (seed, 8n + 0) (docs/design.md §2; the offsets are written out here, not read from
+    gemm.OPERAND_IDS); the fused row + column pass gets one offset for both outputs."""
+    linear_mod = importlib.import_module("snip_ops.linear")  # the package's `linear` is the function
+    offsets = []
+    real_rowcol = linear_mod.quantize_rowcol
+
+    def recording(t, spec, *, seed, offset, offset_t, **kw):
+        offsets.append((offset, offset_t))
+        return real_rowcol(t, spec, seed=seed, offset=offset, offset_t=offset_t, **kw)
+
+    monkeypatch.setattr(linear_mod, "quantize_rowcol", recording)
+    x, w, _, dy = _data()
+    x, dy = x.detach().reshape(-1, 300).requires_grad_(), dy.reshape(-1, 190)
+    r, seed, n = recipe("fp4"), 7, 3
+    y = linear(x, w, None, "fp4", seed=seed, offset=n, emulate=emulate)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+
+    def q(t, spec, operand_id, transpose=False):
+        return fake_quantize(t, spec, seed=seed, offset=8 * n + operand_id, transpose=transpose)
+
+    assert torch.equal(dx, gemm.fp32_mm(q(dy, r.grad, 2), q(w, r.weight, 1)))
+    assert torch.equal(dw, gemm.fp32_mm(q(dy, r.grad, 2, True), q(x, r.act, 0, True).t()))
+    # dy^T's former own offset (8n + 4) gives other codes: the comparison above can tell them apart
+    assert not torch.equal(q(dy, r.grad, 4, True), q(dy, r.grad, 2, True))
+    if not emulate and _ext.kernel_available("quantize", "cpu"):
+        assert offsets and all(o == o_t for o, o_t in offsets)
 
 
 def test_shapes_1d_and_empty():
