@@ -73,12 +73,19 @@ def _device_arch(device) -> str | None:
     B200); None for any other device."""
     if isinstance(device, torch.Tensor):
         device = device.device
-    device = torch.device(device)
+    elif not isinstance(device, torch.device):
+        device = torch.device(device)
     if device.type == "cpu":
         return "cpu"
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
-    major, minor = torch.cuda.get_device_capability(device)
+    return _cuda_arch(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@lru_cache(maxsize=None)
+def _cuda_arch(index: int) -> str:
+    # Every GEMM and quantization asks, several times per layer call: the device query is made once.
+    major, minor = torch.cuda.get_device_capability(index)
     return f"sm_{major}{minor}a"
 
 
@@ -90,7 +97,7 @@ def kernel_compiled(name: str, device) -> bool:
     if not HAS_KERNELS:
         return False
     arch = _device_arch(device)
-    return arch is not None and arch in kernels().get(name, [])
+    return arch is not None and arch in _native_info().get("kernels", {}).get(name, ())
 
 
 # (kernel name, device) -> whether that compiled kernel may run there; None until the package installs its gate
@@ -108,14 +115,16 @@ def kernel_available(name: str, device) -> bool:
     """True when kernel `name` is compiled for `device` (`kernel_compiled`) and the kernel gate lets it run
     there (the self-check, snip_ops.self_check). On a CUDA device without it, the first such call of the
     process warns (`missing_kernel_warning`)."""
+    if isinstance(device, torch.Tensor):
+        device = device.device
+    elif not isinstance(device, torch.device):
+        device = torch.device(device)
     if not kernel_compiled(name, device):
         arch = _device_arch(device)
         if arch is not None and arch != "cpu":
             _warn_missing_kernel(name, arch)
         return False
-    if isinstance(device, torch.Tensor):
-        device = device.device
-    return _gate_allows(name, str(torch.device(device)))
+    return _gate_allows(name, str(device))
 
 
 @torch.compiler.assume_constant_result  # asked first from a torch.compile trace, the check still runs eagerly

@@ -184,6 +184,8 @@ class QuantSpec:
         object.__setattr__(self, "rounding", Rounding(self.rounding))
         if self.scale == ScaleKind.NVFP4 and self.element != E2M1:
             raise ValueError("nvfp4 scaling is defined for E2M1 elements only")
+        # Made once: every quantization and GEMM call passes the spec to its op as this string.
+        object.__setattr__(self, "_text", f"{self.element.name}/{br}x{bc}/{self.scale.value}/{self.rounding.value}")
 
     @property
     def packed(self) -> bool:
@@ -195,8 +197,7 @@ class QuantSpec:
 
     def describe(self) -> str:
         """A compact string, e.g. "e4m3/1x128/fp32/rne" (0 in a block means the whole dimension)."""
-        br, bc = self.block
-        return f"{self.element.name}/{br}x{bc}/{self.scale.value}/{self.rounding.value}"
+        return self._text
 
     @classmethod
     def parse(cls, text: str) -> "QuantSpec":
@@ -245,6 +246,12 @@ class GemmRecipe:
             raise ValueError(f"{self.name}: wgrad_hadamard must be 0 (off) or a power of two >= 2, got {h!r}")
         if h and (self.act is None or self.grad is None):
             raise ValueError(f"{self.name}: a Hadamard-transformed wgrad needs quantized activations and gradients")
+        parts = [self.name, str(self.speedup)]
+        parts += ["-" if s is None else s.describe() for s in (self.act, self.weight, self.grad)]
+        if h:
+            parts.append(f"rht{h}")
+        # Made once: a linear layer passes it to its ops on every call.
+        object.__setattr__(self, "_key", ";".join(parts))
 
     @property
     def is_bf16(self) -> bool:
@@ -252,11 +259,7 @@ class GemmRecipe:
 
     def key(self) -> str:
         """A string that identifies the recipe completely, so it can cross a torch custom-op boundary."""
-        parts = [self.name, str(self.speedup)]
-        parts += ["-" if s is None else s.describe() for s in (self.act, self.weight, self.grad)]
-        if self.wgrad_hadamard:
-            parts.append(f"rht{self.wgrad_hadamard}")
-        return ";".join(parts)
+        return self._key
 
     @classmethod
     def from_key(cls, key: str) -> "GemmRecipe":

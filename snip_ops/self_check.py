@@ -38,7 +38,7 @@ def passed(kernel: str, device: torch.device | str) -> bool:
     """Whether `kernel` may run on `device`: its check is run the first time this is asked."""
     if not _enabled or kernel not in CHECKS:
         return True
-    key = (kernel, str(torch.device(device)))
+    key = (kernel, str(device if isinstance(device, torch.device) else torch.device(device)))
     if key not in _results:
         _results[key] = None
         try:

@@ -53,7 +53,7 @@ def test_opting_out_skips_the_checks(monkeypatch, fresh):
 
 def test_kernel_available_asks_the_self_check(monkeypatch, fresh):
     monkeypatch.setattr(_ext, "HAS_KERNELS", True)
-    monkeypatch.setattr(_ext, "kernels", lambda: {"quantize": ["sm_90a"]})
+    monkeypatch.setattr(_ext, "_native_info", lambda: {"kernels": {"quantize": ["sm_90a"]}})
     monkeypatch.setattr(_ext, "_device_arch", lambda device: "sm_90a")
     monkeypatch.setattr(self_check, "CHECKS", {"quantize": _failing})
     with pytest.warns(RuntimeWarning, match="failed its self-check"):
