@@ -4,7 +4,8 @@
 #   0. the extension: a build carried with the tree (snip_ops/_C.cpython-3*.so built against this
 #      machine's Python and torch) is used when it has kernels for this GPU; otherwise it is built here
 #      for this GPU's arch alone (SNIP_CUDA_ARCHS), under its own timeout;
-#   1. bench_linear: SnipLinear fp8 / fp4 / mixed against nn.Linear BF16 and torchao Float8Linear;
+#   1. bench_linear: SnipLinear fp8 / fp4 / mixed against nn.Linear BF16 and torchao Float8Linear, then
+#      bench_host: the host time of one SnipLinear forward + backward, on a layer too small for the GPU to lag;
 #   2. bench_gemm --quick --configs: the GEMMs, with every compiled Hopper tile configuration;
 #   3. snip cost: the 1b preset's GEMMs with their quantization, FP8 configs tuned (the planner's table);
 #   4. bench_quant --quick and 5. bench_optim gpu: the quantizer and the BF16+SR AdamW;
@@ -12,7 +13,7 @@
 #      and rewrites its result after every run, so a cut leaves what it measured).
 # Each step runs under a timeout: its own cap, or the time left before the deadline; a step that
 # fails or is cut does not stop the next. Results go to DIR/bench/results/<device>-{linear,gemm,cost,
-# quant,optim,step}.json, with <device>-perf-summary.json (device, commit, date, build, each step's command,
+# host,quant,optim,step}.json, with <device>-perf-summary.json (device, commit, date, build, each step's command,
 # exit status and seconds) and <device>-perf-log.txt (every step's output).
 # Wheels the machine lacks (nvidia-cutlass for a build, torchao for its baselines: torchao==0.17.0
 # pairs with torch 2.11) travel in .whl/ at the repository root and are installed into a temporary
@@ -114,6 +115,7 @@ out() { echo "$results/$slug-$1.json"; }
 # --tune: the FP8 GEMM configs of each shape are timed first and the fastest kept (one disk cache for
 # every step), so the layer and step timings run the configs this GPU chose, the new ones included.
 run_step linear 150 "$(out linear)" "$PY" -m bench.bench_linear --tune "${smoke[@]}" --out "$(out linear)"
+run_step host 45 "$(out host)" "$PY" -m bench.bench_host "${smoke[@]}" --out "$(out host)"
 # The GPU run's flags stay in the dry run (its smoke setting overrides the shapes), so they are checked too.
 run_step gemm 120 "$(out gemm)" "$PY" -m bench.bench_gemm --quick --configs "${smoke[@]}" --out "$(out gemm)"
 if [ $dry_run = 1 ]; then cost_shape=(--preset tiny --tokens 256 --device cpu); else cost_shape=(--preset 1b --tokens 8192); fi

@@ -15,7 +15,7 @@ from planner.cost import MeasuredCost
 from snip_ops import _ext
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ["linear", "gemm", "cost", "quant", "optim", "step"]
+STEPS = ["linear", "host", "gemm", "cost", "quant", "optim", "step"]
 
 
 @pytest.mark.skipif(not _ext.kernel_available("quantize", "cpu"),
@@ -40,7 +40,7 @@ def test_dry_run_writes_every_result(tmp_path):
             continue
         assert "--smoke" in s["command"]
         assert json.loads((results / s["output"]).read_text())["device"] == "cpu (smoke run)"
-    assert "--quick --configs" in summary["steps"][1]["command"]  # the GPU run's flags, checked here too
+    assert "--quick --configs" in summary["steps"][2]["command"]  # the GPU run's flags, checked here too
     for s in summary["steps"]:
         if s["step"] in ("linear", "step"):  # timed with the configs the autotuner picks for this GPU
             assert "--tune" in s["command"] and json.loads((results / s["output"]).read_text())["gemm_tuning"] == "tune"
