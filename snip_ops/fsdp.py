@@ -7,7 +7,8 @@ fprop and dgrad quantize the weight with square round-to-nearest blocks (`fp8`, 
 boundary when S is a multiple of the block rows: each rank can quantize its own rows, and the ranks
 all-gather codes + block scales instead of BF16/FP32 values (about 2x fewer bytes than BF16 for
 FP8, 4x for FP4). The gathered quantization is bit for bit the one the layer computes after a
-full-precision gather, and `snip::linear_fwd` consumes it directly (w^T for dgrad is its transpose).
+full-precision gather, and `snip::linear_fwd` (or its `_seeded` twin) consumes it directly (w^T for dgrad is
+its transpose).
 
     model = snip_ops.convert(model, plan)
     snip_ops.fsdp.enable_low_precision_all_gather(model)   # before fully_shard and the optimizer
@@ -245,8 +246,8 @@ class GatheredWeight(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.ops.snip.linear_fwd.default and isinstance(args[1], GatheredWeight) \
-                and args[1].quantized is not None:
+        if func in (torch.ops.snip.linear_fwd.default, torch.ops.snip.linear_fwd_seeded.default) \
+                and isinstance(args[1], GatheredWeight) and args[1].quantized is not None:
             return func(args[0], None, *args[2:], **kwargs, wq=args[1]._linear_parts(args[2], args[3]))
         w = args[0]
         whole = len(args) < 2 or args[1] == list(w.shape)

@@ -40,7 +40,7 @@ from typing import NamedTuple
 import torch
 
 from . import _ext
-from .formats import GemmRecipe, LinearPrecision, QuantSpec
+from .formats import GemmRecipe, LinearPrecision, QuantSpec, Rounding
 from .gemm import (emulated_operand, fp32_mm, hadamard_wgrad_operand, operand_offset,
                    transpose_shares_quantization)
 from .gemm_kernels import qgemm, scale_layout_for
@@ -207,11 +207,25 @@ class _Call(NamedTuple):
         return _Quantizer(self.seed, int(self.offset), _kernel_mode(like, self.emulate))
 
 
+def _register(name: str, impl, fake, schema: str, mutates_args=()) -> None:
+    """Register `impl` (with `fake`, its shape function) as two custom ops: snip::<name>, and
+    snip::<name>_seeded tagged cudagraph_unsafe, which a layer calls where the op's quantizations draw
+    random bits (stochastic rounding, the Hadamard signs). Those bits' offset is read on the host and
+    passed to the kernels at launch; a CUDA graph would replay it, every step drawing the first step's
+    bits. With the tag, torch.compile's CUDA-graph mode runs the seeded ops outside its graphs, while the
+    round-to-nearest ops may be captured."""
+    for op_name, tags in ((name, ()), (f"{name}_seeded", (torch.Tag.cudagraph_unsafe,))):
+        op = torch.library.custom_op(f"snip::{op_name}", impl, mutates_args=mutates_args, schema=schema, tags=tags)
+        op.register_fake(fake)
+
+
+def _draws_bits(*specs: QuantSpec | None, hadamard: int = 0) -> bool:
+    """Whether quantizing with these specs (and a Hadamard transform's signs) draws random bits."""
+    return bool(hadamard) or any(s is not None and s.rounding == Rounding.SR for s in specs)
+
+
 # The schemas are spelled out: linear_fwd's for `wq`'s `Tensor[]? = None`, which the annotations cannot express,
-# and both because the Python functions take the arguments they share as one `_Call`.
-@torch.library.custom_op("snip::linear_fwd", mutates_args=(), schema=(
-    "(Tensor x, Tensor? w, str fprop, str dgrad, str wgrad, int seed, Tensor offset, bool emulate, bool need_dx, "
-    "bool need_dw, Tensor[]? wq=None) -> Tensor[]"))
+# and all because the Python functions take the arguments they share as one `_Call`.
 def _fwd(x: torch.Tensor, w: torch.Tensor | None, fprop: str, *call_and_wq) -> list[torch.Tensor]:
     """[y, *x^T (for wgrad), *w^T (for dgrad)]: each saved operand only where backward needs its
     quantized form (not for a bf16-recipe GEMM, which uses the unquantized tensor), as `_n_saved`
@@ -233,8 +247,7 @@ def _fwd(x: torch.Tensor, w: torch.Tensor | None, fprop: str, *call_and_wq) -> l
     return [y, *(_saved(xtq) if keep_xt else []), *(_saved(wtq) if keep_wt else [])]
 
 
-@_fwd.register_fake
-def _(x, w, fprop, *call_and_wq):
+def _fwd_fake(x, w, fprop, *call_and_wq):
     call, wq = _Call.with_tail(call_and_wq)
     dr, wr = _recipe(call.dgrad), _recipe(call.wgrad)
     (m, k), n = x.shape, (w if wq is None else wq[0]).shape[0]
@@ -242,6 +255,11 @@ def _(x, w, fprop, *call_and_wq):
     xt = _saved_meta(wr.act, (k, _wgrad_tokens(m, wr)), kernels, x) if call.need_dw and not wr.is_bf16 else []
     wt = _saved_meta(dr.weight, (k, n), kernels, x) if call.need_dx and not dr.is_bf16 else []
     return [x.new_empty(m, n), *xt, *wt]
+
+
+_register("linear_fwd", _fwd, _fwd_fake, (
+    "(Tensor x, Tensor? w, str fprop, str dgrad, str wgrad, int seed, Tensor offset, bool emulate, bool need_dx, "
+    "bool need_dw, Tensor[]? wq=None) -> Tensor[]"))
 
 
 def _backward(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: torch.Tensor | None,
@@ -271,9 +289,6 @@ def _backward(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], 
     return out
 
 
-@torch.library.custom_op("snip::linear_bwd", mutates_args=(), schema=(
-    "(Tensor dy, Tensor? x, Tensor[] xt, Tensor? w, Tensor[] wt, SymInt in_features, str dgrad, str wgrad, "
-    "SymInt seed, Tensor offset, bool emulate, bool need_dx, bool need_dw) -> Tensor[]"))
 def _bwd(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: torch.Tensor | None,
          wt: list[torch.Tensor], in_features: int, *call) -> list[torch.Tensor]:
     """[dx [M, K] in dy's dtype if need_dx] + [dw [N, K] float32 if need_dw]. `x` / `w`: the
@@ -282,19 +297,20 @@ def _bwd(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: to
     return _backward(dy, x, xt, w, wt, in_features, _Call(*call))
 
 
-@_bwd.register_fake
-def _(dy, x, xt, w, wt, in_features, *call):
+def _bwd_fake(dy, x, xt, w, wt, in_features, *call):
     call = _Call(*call)
     m, n = dy.shape
     return ([dy.new_empty(m, in_features)] if call.need_dx else []) + (
         [dy.new_empty(n, in_features, dtype=torch.float32)] if call.need_dw else [])
 
 
+_register("linear_bwd", _bwd, _bwd_fake, (
+    "(Tensor dy, Tensor? x, Tensor[] xt, Tensor? w, Tensor[] wt, SymInt in_features, str dgrad, str wgrad, "
+    "SymInt seed, Tensor offset, bool emulate, bool need_dx, bool need_dw) -> Tensor[]"))
+
+
 # A separate op because functionalization (torch.compile) takes no in-place argument next to a
 # Tensor[] result; need_dw is implied.
-@torch.library.custom_op("snip::linear_bwd_accumulate", mutates_args=("wgrad_into",), schema=(
-    "(Tensor dy, Tensor? x, Tensor[] xt, Tensor? w, Tensor[] wt, SymInt in_features, str dgrad, str wgrad, "
-    "SymInt seed, Tensor offset, bool emulate, bool need_dx, Tensor(a!) wgrad_into) -> Tensor"))
 def _bwd_accumulate(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: torch.Tensor | None,
                     wt: list[torch.Tensor], in_features: int, dgrad: str, wgrad: str, seed: int,
                     offset: torch.Tensor, emulate: bool, need_dx: bool, wgrad_into: torch.Tensor) -> torch.Tensor:
@@ -304,9 +320,14 @@ def _bwd_accumulate(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Ten
     return out[0] if need_dx else dy.new_empty(0)
 
 
-@_bwd_accumulate.register_fake
-def _(dy, x, xt, w, wt, in_features, dgrad, wgrad, seed, offset, emulate, need_dx, wgrad_into):
+def _bwd_accumulate_fake(dy, x, xt, w, wt, in_features, dgrad, wgrad, seed, offset, emulate, need_dx, wgrad_into):
     return dy.new_empty(dy.shape[0], in_features) if need_dx else dy.new_empty(0)
+
+
+_register("linear_bwd_accumulate", _bwd_accumulate, _bwd_accumulate_fake, (
+    "(Tensor dy, Tensor? x, Tensor[] xt, Tensor? w, Tensor[] wt, SymInt in_features, str dgrad, str wgrad, "
+    "SymInt seed, Tensor offset, bool emulate, bool need_dx, Tensor(a!) wgrad_into) -> Tensor"),
+    mutates_args=("wgrad_into",))
 
 
 class _Layer(NamedTuple):
@@ -320,6 +341,8 @@ class _Layer(NamedTuple):
     dgrad_bf16: bool     # the backward GEMMs that run on the unquantized operands
     wgrad_bf16: bool
     n_xt: int            # the tensors that carry x^T for wgrad when it is quantized (`_n_saved`)
+    fwd_seeded: bool     # forward's / backward's quantizations draw random bits: the `_seeded` ops (`_register`)
+    bwd_seeded: bool
 
 
 class _Linear(torch.autograd.Function):
@@ -329,8 +352,9 @@ class _Linear(torch.autograd.Function):
         # kept as an attribute, not saved: it is written in backward, and a saved tensor's version check
         # would refuse a layer called twice before its backward
         ctx.wgrad_into = wgrad_into
-        y, *saved = torch.ops.snip.linear_fwd(x2, w, layer.fprop, layer.dgrad, layer.wgrad, layer.seed, offset,
-                                              layer.emulate, need_dx, need_dw)
+        fwd = torch.ops.snip.linear_fwd_seeded if layer.fwd_seeded else torch.ops.snip.linear_fwd
+        y, *saved = fwd(x2, w, layer.fprop, layer.dgrad, layer.wgrad, layer.seed, offset, layer.emulate, need_dx,
+                        need_dw)
         # The unquantized operands are kept only for a bf16-recipe GEMM that needs them.
         x_keep = x2 if need_dw and layer.wgrad_bf16 else None
         w_keep = w if need_dx and layer.dgrad_bf16 else None
@@ -347,11 +371,13 @@ class _Linear(torch.autograd.Function):
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         args = (dy.contiguous(), x_keep, saved[:n_xt], w_keep, saved[n_xt:], in_features, layer.dgrad, layer.wgrad,
                 layer.seed, offset, layer.emulate, need_dx)
+        ops = torch.ops.snip
         if ctx.wgrad_into is not None and need_dw:  # the weight gradient goes into wgrad_into, not to autograd
-            dx = torch.ops.snip.linear_bwd_accumulate(*args, ctx.wgrad_into)
+            acc = ops.linear_bwd_accumulate_seeded if layer.bwd_seeded else ops.linear_bwd_accumulate
+            dx = acc(*args, ctx.wgrad_into)
             dx, dw = (dx if need_dx else None), None
         else:
-            grads = torch.ops.snip.linear_bwd(*args, need_dw)
+            grads = (ops.linear_bwd_seeded if layer.bwd_seeded else ops.linear_bwd)(*args, need_dw)
             dx = grads[0] if need_dx else None
             dw = grads[-1].to(w_dtype) if need_dw else None
         db = None
@@ -429,8 +455,10 @@ def linear(
         offset = torch.tensor(offset, dtype=torch.int64)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    layer = _Layer(precision.fprop.key(), precision.dgrad.key(), precision.wgrad.key(), seed, bool(emulate),
-                   precision.dgrad.is_bf16, precision.wgrad.is_bf16,
-                   _n_saved(precision.wgrad.act, _kernel_mode(x2, emulate)))
+    fr, dr, wr = precision.fprop, precision.dgrad, precision.wgrad
+    layer = _Layer(fr.key(), dr.key(), wr.key(), seed, bool(emulate), dr.is_bf16, wr.is_bf16,
+                   _n_saved(wr.act, _kernel_mode(x2, emulate)),
+                   _draws_bits(fr.act, fr.weight, dr.weight, wr.act, hadamard=wr.wgrad_hadamard),
+                   _draws_bits(dr.grad, wr.grad, hadamard=wr.wgrad_hadamard))
     y = _Linear.apply(x2, w, b, offset.detach().cpu(), layer, wgrad_into)
     return y.reshape(*lead, w.shape[0])

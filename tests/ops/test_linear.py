@@ -236,6 +236,51 @@ def test_custom_ops_pass_opcheck(name):
                                       test_utils=("test_faketensor",))
 
 
+def test_seeded_ops_are_the_same_ops_tagged_for_cuda_graphs():
+    """Each op has a `_seeded` twin: the same schema and implementation, tagged cudagraph_unsafe."""
+    x, w = torch.randn(37, 300), torch.randn(190, 300)
+    args = (x, w, *(recipe("fp4").key(),) * 3, 3, torch.tensor(5), False, True, True)
+    for name in ("linear_fwd", "linear_bwd", "linear_bwd_accumulate"):
+        plain, seeded = getattr(torch.ops.snip, name).default, getattr(torch.ops.snip, f"{name}_seeded").default
+        assert torch.Tag.cudagraph_unsafe in seeded.tags and torch.Tag.cudagraph_unsafe not in plain.tags
+        assert str(seeded._schema) == str(plain._schema).replace(f"snip::{name}(", f"snip::{name}_seeded(", 1)
+    got, want = torch.ops.snip.linear_fwd_seeded(*args), torch.ops.snip.linear_fwd(*args)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize(("precision", "seeded"), [
+    ("fp8", (False, False)),
+    ("fp4", (False, True)),  # round-to-nearest x and w, SR gradients
+    ("nvfp4_train", (True, True)),  # x^T after the Hadamard transform, whose signs are drawn
+    (LinearPrecision(fprop="fp8", dgrad="fp8", wgrad="mxfp4"), (False, True)),
+    (LinearPrecision(fprop="bf16", dgrad="bf16", wgrad="bf16"), None),  # F.linear, no snip op
+])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_layers_call_the_seeded_ops_where_they_draw_random_bits(precision, seeded, accumulate):
+    """(forward, backward) call the `_seeded` ops exactly where their quantizations draw random bits, so
+    that a CUDA graph never replays an SR offset (snip_ops.linear._register)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    called = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "snip":
+                called.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    x, w = torch.randn(32, 128, requires_grad=True), torch.randn(64, 128, requires_grad=True)
+    into = torch.zeros(64, 128) if accumulate else None
+    with Log():
+        y = linear(x, w, None, precision, emulate=True, wgrad_into=into)
+        y.backward(torch.ones_like(y))
+    if seeded is None:
+        assert called == [] if not accumulate else called == ["linear_fwd", "linear_bwd_accumulate"]
+        return
+    bwd = "linear_bwd_accumulate" if accumulate else "linear_bwd"
+    assert called == ["linear_fwd" + "_seeded" * seeded[0], bwd + "_seeded" * seeded[1]]
+
+
 def test_weight_is_quantized_once_per_step(monkeypatch):
     """fp8 (128x128 weight blocks, round to nearest): w^T for dgrad reuses w's quantization; x and dy
     are quantized once per use (their transposes fused into the quantization)."""
