@@ -50,6 +50,14 @@ if HAS_KERNELS:
                          f"{torch.__version__} (rebuild it)")
 
 
+def _constant(fn):
+    """`torch.compiler.assume_constant_result`, which marks `fn` so that a torch.compile trace takes its
+    result as a constant, without what that function does first: import torch._dynamo, seconds that every
+    process importing snip would otherwise pay (tests/ops/test_compile.py checks the mark is torch's)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 @lru_cache(maxsize=1)
 def _native_info() -> dict:
     if not HAS_KERNELS:
@@ -89,7 +97,7 @@ def _cuda_arch(index: int) -> str:
     return f"sm_{major}{minor}a"
 
 
-@torch.compiler.assume_constant_result  # fixed per process and device: torch.compile takes it as a constant
+@_constant  # fixed per process and device: torch.compile takes it as a constant
 def kernel_compiled(name: str, device) -> bool:
     """True when the extension has kernel `name` compiled for the arch of `device` (a torch.device, a
     device string, or a tensor; "cpu": the op's CPU implementation), whether or not it passed its
@@ -127,7 +135,7 @@ def kernel_available(name: str, device) -> bool:
     return _gate_allows(name, str(device))
 
 
-@torch.compiler.assume_constant_result  # asked first from a torch.compile trace, the check still runs eagerly
+@_constant  # asked first from a torch.compile trace, the check still runs eagerly
 def _gate_allows(name: str, device: str) -> bool:
     if _gate is None:  # never after `import snip_ops`, which every import of one of its modules runs first
         raise RuntimeError("snip_ops' kernel gate is not installed: kernels are used only after their self-check")
@@ -167,7 +175,7 @@ def missing_kernel_warning(name: str, arch: str) -> str:
             f"instead ({instead}). Fix: {fix}; snip_ops.build_info() tells what this install has.")
 
 
-@torch.compiler.assume_constant_result  # runs once, eagerly, when traced: never a graph break
+@_constant  # runs once, eagerly, when traced: never a graph break
 def _warn_missing_kernel(name: str, arch: str) -> bool:
     """One RuntimeWarning per process and device arch, at the first kernel found missing there."""
     if arch in _warned:

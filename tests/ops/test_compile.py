@@ -77,3 +77,17 @@ def test_compiling_before_any_eager_call_runs_the_self_check_eagerly():
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_constant_mark_is_torchs_and_importing_snip_leaves_dynamo_out():
+    """_ext marks its per-process constants as torch.compiler.assume_constant_result does, without importing
+    torch._dynamo (seconds per process): the mark must stay the one dynamo reads."""
+    def ours():
+        return 1
+
+    def torchs():
+        return 1
+
+    assert vars(_ext._constant(ours)) == vars(torch._dynamo.assume_constant_result(torchs)) != {}
+    code = "import sys, snip_ops, snip_train; sys.exit('torch._dynamo' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2]).returncode == 0
