@@ -41,10 +41,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import nn
 
+from bench.bench_linear import fwd_bwd
 from bench.gpu_bench import write_device_result
 from bench.run_record import provenance
 from snip_ops import LinearPrecision, SnipLinear, _ext, autotune
@@ -103,6 +105,7 @@ def sm90_host_path():
         return real_gemm(a, b, out_dtype, out)
 
     ops = _StubbedGemmOps(torch.ops.snip_C)
+
     def available(name, device):
         return name in SM90_GEMM_KERNELS or real_available(name, device)
 
@@ -127,17 +130,7 @@ def sm90_paths(precision: LinearPrecision) -> dict[str, str]:
             for g in ("fprop", "dgrad", "wgrad")}
 
 
-def fwd_bwd(mod: nn.Module, x: torch.Tensor, dy: torch.Tensor):
-    """One forward + backward of `mod`, its gradients reset first."""
-    def call():
-        x.grad = None
-        mod.weight.grad = None
-        mod(x).backward(dy)
-
-    return call
-
-
-def host_seconds(call, calls: int, sync) -> float:
+def mean_host_seconds(call, calls: int, sync) -> float:
     """Mean host time of `call` over `calls` calls in a row, the device synchronized around them."""
     sync()
     start = time.perf_counter()
@@ -173,14 +166,15 @@ def run(args) -> dict:
     fns = {name: fwd_bwd(mod, x, dy) for name, (mod, _) in mods.items()}
     runs = {name: [] for name in fns}
     kernel = {name: [] for name in fns}
-    with sm90_host_path() if stubbed else contextlib.nullcontext() as ops:
+    # unstubbed, no CPU kernel time is set apart
+    with sm90_host_path() if stubbed else contextlib.nullcontext(SimpleNamespace(kernel_seconds=0.0)) as ops:
         for fn in fns.values():  # warm-up: a precision's first calls run its kernels' self-checks
-            host_seconds(fn, min(calls, 10), sync)
+            mean_host_seconds(fn, min(calls, 10), sync)
         for _ in range(repeats):  # the variants take turns, so that a drift of the machine hits them alike
             for name, fn in fns.items():
-                before = ops.kernel_seconds if stubbed else 0.0
-                runs[name].append(host_seconds(fn, calls, sync))
-                kernel[name].append(((ops.kernel_seconds - before) if stubbed else 0.0) / calls)
+                before = ops.kernel_seconds
+                runs[name].append(mean_host_seconds(fn, calls, sync))
+                kernel[name].append((ops.kernel_seconds - before) / calls)
     entries = []
     for name, (_, desc) in mods.items():
         e = {"variant": name, **desc, "us_per_call": statistics.median(runs[name]) * 1e6,

@@ -119,14 +119,19 @@ def variants(lin: nn.Linear, dev: torch.device, shape, smoke: bool, ao) -> tuple
     return out, skipped
 
 
-def time_layer(mod: nn.Module, x: torch.Tensor, dy: torch.Tensor, seconds) -> tuple[float, bool]:
-    """(seconds of one forward + backward, whether its output and gradients are finite)."""
-    def fwd_bwd():
+def fwd_bwd(mod: nn.Module, x: torch.Tensor, dy: torch.Tensor):
+    """A call that runs one forward + backward of `mod`, its gradients reset first."""
+    def call():
         x.grad = None
         mod.weight.grad = None
         mod(x).backward(dy)
 
-    t = seconds(fwd_bwd)
+    return call
+
+
+def time_layer(mod: nn.Module, x: torch.Tensor, dy: torch.Tensor, seconds) -> tuple[float, bool]:
+    """(seconds of one forward + backward, whether its output and gradients are finite)."""
+    t = seconds(fwd_bwd(mod, x, dy))
     dw = mod.weight.main_grad if getattr(mod, "fuse_wgrad_accumulation", False) else mod.weight.grad
     with torch.no_grad():
         finite = bool(torch.isfinite(mod(x)).all() and torch.isfinite(x.grad).all() and torch.isfinite(dw).all())
