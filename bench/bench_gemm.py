@@ -13,7 +13,9 @@ Shapes: M = N = K = 4096 and 8192, and Llama-7B/70B layers with M = 8192 tokens 
 What is timed (one kernel launch sequence per call, operands prepared beforehand):
   bf16      torch.matmul(a, b.t()) on BF16 tensors (cuBLAS) -- what snip runs for "bf16" layers.
   fp8       snip_C::fp8_gemm_nt_blockwise on prepared operands: E4M3, 1x128 x 128x128 scales
-            (fprop, dgrad; BF16 out) or 1x128 x 1x128 (wgrad; FP32 out, as for accumulation).
+            (fprop, dgrad; BF16 out) or 1x128 x 1x128 (wgrad; FP32 out, as for FP32 weights and
+            accumulation; the BF16-output wgrad that BF16 weights take is the baseline fp8_wgrad_bf16,
+            set beside _scaled_mm's BF16 output in the targets' bf16_out_* fields).
   fp8_e5m2grad  the same op on that recipe's operands: E5M2 gradients in dgrad and wgrad.
   fp4       (Hopper) snip_ops.gemm_kernels.qgemm on FP4 (E2M1) operands: the E2M1 -> E4M3
             re-encoding, the scale-layout conversion and the FP8 kernel -- the real per-GEMM cost.
@@ -144,7 +146,7 @@ def run(args) -> dict:
                         timer(lambda: torch.ops.snip_C.fp8_gemm_nt_blockwise_acc(ca, sfa, cb, sfb, bb, grad)),
                         "snip CUTLASS sm90: wgrad added into an FP32 gradient buffer by the epilogue (beta = 1)")
                     add(baselines, "fp8_wgrad_bf16", timer(lambda: op(ca, sfa, cb, sfb, bb, torch.bfloat16)),
-                        "snip CUTLASS sm90: wgrad with BF16 output")
+                        "snip CUTLASS sm90: wgrad with BF16 output (the layer's, for BF16 weights)")
                     del grad
                 if args.configs:  # the autotuner's candidates, so that its committed table comes from this file
                     kind = autotune.GemmKind("fp8_gemm_nt_blockwise", bb, str(out_dtype).removeprefix("torch."), False)
@@ -204,6 +206,10 @@ def targets(entries, baselines) -> list[dict]:
             if (shape, g, base) in t:
                 row[f"vs_{base}"] = t[(shape, g, base)] / ms
         row["target_vs_scaled_mm"] = TARGET_SCALED_MM
+        if (shape, g, "fp8_wgrad_bf16") in t:  # the layer's wgrad for BF16 weights, BF16 out like _scaled_mm's
+            row["bf16_out_ms"] = t[(shape, g, "fp8_wgrad_bf16")]
+            if (shape, g, "scaled_mm_rowwise") in t:
+                row["bf16_out_vs_scaled_mm_rowwise"] = t[(shape, g, "scaled_mm_rowwise")] / row["bf16_out_ms"]
         row["pass"] = (row["target_vs_bf16"] is None or row["vs_bf16"] >= row["target_vs_bf16"]) and all(
             row[f"vs_{b}"] >= TARGET_SCALED_MM for b in ("scaled_mm_rowwise", "scaled_mm_tensorwise") if f"vs_{b}" in row)
         out.append(row)

@@ -17,7 +17,10 @@ Modes:
                      same) whose m and n are each within a factor of two of the call's (m bucketed as
                      below) -- the grid's shape decides which tile and tile order win -- nearest in
                      |log2 m/m'| + |log2 n/n'| + |log2 k/k'|, ties to the earlier entry; none such, or no
-                     table for this device: "" (the heuristic).
+                     table for this device: "" (the heuristic). A kind the table has no entry of takes the
+                     entries of the same kernel and B blocks with the other output dtype (the same mainloop
+                     and tiles; only the epilogue's stores differ): the table times wgrad with FP32 output,
+                     and a layer with BF16 weights runs it with BF16 output.
   "tune"             the first GEMM of each key times every candidate on its own operands (`tune`) and
                      keeps the fastest, in memory and in a JSON cache (`cache_path`, default
                      $XDG_CACHE_HOME/snip/autotune-<device slug>.json, else ~/.cache/snip/...); later
@@ -286,10 +289,11 @@ def _table(device_name: str) -> tuple[dict, ...]:
 
 def table_lookup(key: TuningKey) -> str:
     """The committed table's config for `key` (rules in the module docstring); "" where it has none."""
+    kind = key.kind
+    entries = [e for e in _table(key.device) if (e["kernel"], e["b_block"]) == (kind.kernel, kind.b_block)]
+    same_out = [e for e in entries if e["out_dtype"] == kind.out_dtype]
     best, best_distance = "", math.inf
-    for e in _table(key.device):
-        if (e["kernel"], e["b_block"], e["out_dtype"]) != (key.kind.kernel, key.kind.b_block, key.kind.out_dtype):
-            continue
+    for e in same_out or entries:
         dm, dn, dk = (abs(math.log2(q / e[d])) for q, d in ((key.m_bucket, "m"), (key.n, "n"), (key.k, "k")))
         if dm <= 1 and dn <= 1 and dm + dn + dk < best_distance and e["config"] in candidates(key.kind):
             best, best_distance = e["config"], dm + dn + dk

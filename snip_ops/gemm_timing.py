@@ -69,8 +69,11 @@ def quantize_for_gemm(gemm: str, precision: str, a_src: torch.Tensor, b_src: tor
 
 
 def out_dtype_of(gemm: str) -> torch.dtype:
-    """What the layer's GEMM writes: BF16 activations and input gradients, an FP32 weight gradient."""
-    return torch.float32 if gemm == "wgrad" else torch.bfloat16
+    """What the layer's GEMM writes for BF16 weights: BF16 activations and gradients (the weight gradient in
+    the weight's dtype, snip_ops.linear)."""
+    if gemm not in GEMMS:
+        raise ValueError(f"unknown GEMM {gemm!r}; expected one of {GEMMS}")
+    return torch.bfloat16
 
 
 def wall_timer(reps: int = 5, warmup: int = 1) -> Timer:
@@ -88,12 +91,12 @@ def wall_timer(reps: int = 5, warmup: int = 1) -> Timer:
 
 
 def _bf16_gemm(gemm: str, a_src: torch.Tensor, b_src: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """The layer's own BF16 GEMM (snip_ops.linear): x w^T, dy w, (dy^T x) in FP32."""
+    """The layer's own BF16 GEMM (snip_ops.linear): x w^T, dy w, dy^T x."""
     if gemm == "fprop":
         return lambda: a_src @ b_src.t()
     if gemm == "dgrad":
         return lambda: a_src @ b_src
-    return lambda: (a_src.t() @ b_src).float()
+    return lambda: a_src.t() @ b_src
 
 
 def measure(layers: Iterable[tuple[int, int, int]], precisions: Iterable[str], device,

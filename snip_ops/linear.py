@@ -281,19 +281,21 @@ def _backward(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], 
             out.append((dy @ w).to(dy.dtype) if dr.is_bf16
                        else _gemm(dyq, _restored(wt, dr.weight, (in_features, n), q.kernels), dy.dtype))
         if call.need_dw and wr.is_bf16:
-            dw = (dy.t() @ x).float()
+            dw = dy.t() @ x
             out.append(dw if wgrad_into is None else wgrad_into.add_(dw))
-        elif call.need_dw:
+        elif call.need_dw:  # dw in the weight's dtype straight from the GEMM (`_bwd`), or added into wgrad_into
             out.append(_gemm(dytq, _restored(xt, wr.act, (in_features, _wgrad_tokens(m, wr)), q.kernels),
-                             torch.float32, out=wgrad_into))
+                             torch.float32 if wgrad_into is not None else dy.dtype, out=wgrad_into))
     return out
 
 
 def _bwd(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: torch.Tensor | None,
          wt: list[torch.Tensor], in_features: int, *call) -> list[torch.Tensor]:
-    """[dx [M, K] in dy's dtype if need_dx] + [dw [N, K] float32 if need_dw]. `x` / `w`: the
-    unquantized operands of a bf16-recipe wgrad / dgrad (else None); `xt` / `wt`: the operands
-    the forward op saved (else empty lists); `call`: the `_Call` arguments."""
+    """[dx [M, K] if need_dx] + [dw [N, K] if need_dw], both in dy's dtype, which is the weight's (`linear`
+    takes x and w of one dtype, and y is in it): the wgrad GEMM rounds its FP32 sum once, to that dtype, in its
+    epilogue, the same bits as an FP32 output cast afterwards without writing and reading that output. `x` /
+    `w`: the unquantized operands of a bf16-recipe wgrad / dgrad (else None); `xt` / `wt`: the operands the
+    forward op saved (else empty lists); `call`: the `_Call` arguments."""
     return _backward(dy, x, xt, w, wt, in_features, _Call(*call))
 
 
@@ -301,7 +303,7 @@ def _bwd_fake(dy, x, xt, w, wt, in_features, *call):
     call = _Call(*call)
     m, n = dy.shape
     return ([dy.new_empty(m, in_features)] if call.need_dx else []) + (
-        [dy.new_empty(n, in_features, dtype=torch.float32)] if call.need_dw else [])
+        [dy.new_empty(n, in_features)] if call.need_dw else [])
 
 
 _register("linear_bwd", _bwd, _bwd_fake, (
@@ -359,7 +361,7 @@ class _Linear(torch.autograd.Function):
         x_keep = x2 if need_dw and layer.wgrad_bf16 else None
         w_keep = w if need_dx and layer.dgrad_bf16 else None
         ctx.save_for_backward(x_keep, w_keep, offset, *saved)
-        ctx.layer, ctx.weight = layer, (w.shape[1], w.dtype)
+        ctx.layer, ctx.in_features = layer, w.shape[1]
         ctx.n_xt = layer.n_xt if need_dw and not layer.wgrad_bf16 else 0
         ctx.bias_dtype = None if b is None else b.dtype
         return y if b is None else y + b.to(y.dtype)
@@ -367,7 +369,7 @@ class _Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x_keep, w_keep, offset, *saved = ctx.saved_tensors
-        layer, (in_features, w_dtype), n_xt = ctx.layer, ctx.weight, ctx.n_xt
+        layer, in_features, n_xt = ctx.layer, ctx.in_features, ctx.n_xt
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         args = (dy.contiguous(), x_keep, saved[:n_xt], w_keep, saved[n_xt:], in_features, layer.dgrad, layer.wgrad,
                 layer.seed, offset, layer.emulate, need_dx)
@@ -379,7 +381,7 @@ class _Linear(torch.autograd.Function):
         else:
             grads = (ops.linear_bwd_seeded if layer.bwd_seeded else ops.linear_bwd)(*args, need_dw)
             dx = grads[0] if need_dx else None
-            dw = grads[-1].to(w_dtype) if need_dw else None
+            dw = grads[-1] if need_dw else None
         db = None
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             db = dy.float().sum(0).to(ctx.bias_dtype)

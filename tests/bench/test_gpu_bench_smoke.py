@@ -35,6 +35,21 @@ def test_bench_gemm_smoke(tmp_path):
     assert result["targets"] == []  # no snip kernel ran: no verdict
 
 
+def test_gemm_targets_set_the_bf16_output_wgrad_beside_scaled_mm():
+    # The layer's wgrad for BF16 weights writes BF16, as _scaled_mm does: that pair is reported apart from
+    # the FP32-output kernel's row.
+    from bench.bench_gemm import targets
+
+    row = dict(shape="llama_N4096_K4096", gemm="wgrad")
+    entries = [dict(row, format="fp8", ms=2.0), dict(row, format="bf16", ms=3.0)]
+    baselines = [dict(row, format="fp8_wgrad_bf16", ms=1.6), dict(row, format="scaled_mm_rowwise", ms=2.0)]
+    (t,) = targets(entries, baselines)
+    assert (t["fp8_ms"], t["vs_scaled_mm_rowwise"], t["bf16_out_ms"]) == (2.0, 1.0, 1.6)
+    assert t["bf16_out_vs_scaled_mm_rowwise"] == 1.25
+    (t,) = targets(entries, baselines[1:])  # an FP32-only run (Blackwell, or E5M2) has no such fields
+    assert "bf16_out_ms" not in t
+
+
 @needs_cpu_kernels
 def test_bench_quant_smoke(tmp_path):
     result = _smoke(tmp_path, "-m", "bench.bench_quant")

@@ -221,6 +221,19 @@ def test_table_lookup_takes_the_nearest_entry_within_a_factor_of_two():
     assert look(FPROP, 8192, 4096, 4096, device="NVIDIA H100 80GB HBM3") == ""  # no table for it
 
 
+def test_a_kind_without_entries_takes_those_of_its_other_output_dtype():
+    # The table times wgrad with FP32 output; a BF16-weight layer's wgrad writes BF16 (same mainloop and
+    # tiles), and takes those entries. A kind with entries of its own never looks at the other dtype's.
+    wgrad_bf16 = GemmKind("fp8_gemm_nt_blockwise", 1, "bfloat16", False)
+    fprop_f32 = GemmKind("fp8_gemm_nt_blockwise", 128, "float32", False)
+    for m, n, k in ((8192, 8192, 8192), (8192, 28672, 8192), (4096, 4096, 8192), (300, 4096, 4096)):
+        want = autotune.table_lookup(autotune.key_for(DEVICE, WGRAD, m, n, k))
+        assert autotune.table_lookup(autotune.key_for(DEVICE, wgrad_bf16, m, n, k)) == want
+    assert autotune.table_lookup(autotune.key_for(DEVICE, wgrad_bf16, 8192, 28672, 8192)) == "tile=128x128,swizzle=2"
+    # and an FP32-output fprop (no entries) takes fprop's BF16 ones
+    assert autotune.table_lookup(autotune.key_for(DEVICE, fprop_f32, 8192, 8192, 28672)) == "tile=128x128,raster=m"
+
+
 def test_committed_table_is_the_bench_results():
     results = json.loads((ROOT / "bench/results/nvidia-h200-gemm-configs.json").read_text())
     committed = json.loads((autotune.TABLE_DIR / "nvidia-h200.json").read_text())

@@ -99,6 +99,35 @@ def test_bf16_inputs_give_bf16_outputs_and_grads():
     assert sqnr(y, y0) > 25  # 31.6 +- 0.2 dB over data seeds 0-19
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("emulate", [True, False])
+def test_the_wgrad_gemm_writes_the_weights_dtype(dtype, emulate, monkeypatch):
+    """The weight gradient leaves the wgrad GEMM in the weight's dtype (one rounding of its FP32 sum, no FP32
+    [N, K] tensor written, read and cast): the bits of the FP32 product cast afterwards. Into wgrad_into it
+    is added in FP32."""
+    linear_mod = importlib.import_module("snip_ops.linear")  # the package's `linear` is the function
+    asked = []
+    real_gemm = linear_mod._gemm
+
+    def recording(a, b, out_dtype, out=None):
+        asked.append(out_dtype if out is None else ("into", out_dtype))
+        return real_gemm(a, b, out_dtype, out)
+
+    monkeypatch.setattr(linear_mod, "_gemm", recording)
+    x, w, _, dy = _data(dtype)
+    x2, dy2 = x.detach().reshape(-1, 300), dy.reshape(-1, 190)
+    r = recipe("fp8")
+    y = linear(x, w, None, "fp8", seed=7, offset=3, emulate=emulate)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    assert asked == [dtype, dtype, dtype] and dw.dtype == dtype
+    assert torch.equal(dw, gemm.wgrad(dy2, x2, r, 7, 3, emulate=emulate).to(dtype))
+    into = torch.zeros(190, 300)
+    y = linear(x, w, None, "fp8", seed=7, offset=3, emulate=emulate, wgrad_into=into)
+    y.backward(dy)
+    assert asked[3:] == [dtype, dtype, ("into", torch.float32)]
+    assert torch.equal(into, gemm.wgrad(dy2, x2, r, 7, 3, emulate=emulate))
+
+
 def test_sr_offsets_change_gradients_not_forward():
     x, w, b, dy = _data()
     outs = []
