@@ -15,7 +15,10 @@ This measures that cost alone.
 
 What is timed: `y = layer(x); y.backward(dy)`, gradients reset to None, `--calls` times in a row, the
 device synchronized before and after; the time per call is the median over `--repeats` such runs, the
-variants taking turns.
+variants taking turns. For each SnipLinear also its two custom ops alone (`ops_us_per_call`):
+snip::linear_fwd, then snip::linear_bwd on what it saved, called as a compiled graph calls them, without
+the module and the autograd function around them. torch.compile removes those, not the ops' own Python,
+so this is the host work per layer that a compiled step keeps.
 On a GPU the kernels of a 16 x 128 x 128 layer finish faster than they are issued, so the time is the
 host's. On the CPU it also holds the kernels' CPU implementations of that tiny layer (the quantizer's
 host loops, an FP32 GEMM); one intra-op thread. Each entry gives its ratio to nn.Linear's time in the
@@ -118,16 +121,39 @@ def sm90_host_path():
     try:
         for obj, name, value in patches:
             setattr(obj, name, value)
+        _ext.gate_changed()  # which kernels may run has changed: no decision kept before holds here
         yield ops
     finally:
         for obj, name, value in saved:
             setattr(obj, name, value)
+        _ext.gate_changed()  # nor one kept here, afterwards
 
 
 def sm90_paths(precision: LinearPrecision) -> dict[str, str]:
     """{GEMM: the path qgemm takes on an sm_90 GPU with every snip kernel}."""
     return {g: gk.gemm_path(precision.gemm(g), g, (9, 0), lambda kernel: True).path
             for g in ("fprop", "dgrad", "wgrad")}
+
+
+def ops_fwd_bwd(mod: SnipLinear, x: torch.Tensor, dy: torch.Tensor):
+    """A call that runs `mod`'s two custom ops as a compiled step does: linear_fwd, then linear_bwd on the operands
+    it saved (the module and the autograd function around them left out); it returns [dx, dw]."""
+    linear_mod = importlib.import_module("snip_ops.linear")  # the package's `linear` is the function
+    p, x2, w = mod.precision, x.detach(), mod.weight.detach()
+    keys = (p.fprop.key(), p.dgrad.key(), p.wgrad.key())
+    offset = torch.zeros((), dtype=torch.int64)
+    kernels = linear_mod._kernel_mode(x2, mod.emulate)
+    n_xt = 0 if p.wgrad.is_bf16 else linear_mod._n_saved(p.wgrad.act, kernels)
+    x_keep, w_keep = (x2 if p.wgrad.is_bf16 else None), (w if p.dgrad.is_bf16 else None)
+    ops = torch.ops.snip
+
+    def call():
+        with torch.no_grad():
+            _, *saved = ops.linear_fwd(x2, w, *keys, mod.seed, offset, mod.emulate, True, True)
+            return ops.linear_bwd(dy, x_keep, saved[:n_xt], w_keep, saved[n_xt:], x2.shape[1], keys[1], keys[2],
+                                  mod.seed, offset, mod.emulate, True, True)
+
+    return call
 
 
 def mean_host_seconds(call, calls: int, sync) -> float:
@@ -163,25 +189,31 @@ def run(args) -> dict:
                 continue
         mods[name] = (SnipLinear.from_linear(lin, precision, seed=1, name=name), desc)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    fns = {name: fwd_bwd(mod, x, dy) for name, (mod, _) in mods.items()}
-    runs = {name: [] for name in fns}
-    kernel = {name: [] for name in fns}
+    fns = {(name, "layer"): fwd_bwd(mod, x, dy) for name, (mod, _) in mods.items()}
+    fns.update({(name, "ops"): ops_fwd_bwd(mod, x, dy) for name, (mod, _) in mods.items() if name != "bf16"})
+    runs = {key: [] for key in fns}
+    kernel = {key: [] for key in fns}
     # unstubbed, no CPU kernel time is set apart
     with sm90_host_path() if stubbed else contextlib.nullcontext(SimpleNamespace(kernel_seconds=0.0)) as ops:
         for fn in fns.values():  # warm-up: a precision's first calls run its kernels' self-checks
             mean_host_seconds(fn, min(calls, 10), sync)
         for _ in range(repeats):  # the variants take turns, so that a drift of the machine hits them alike
-            for name, fn in fns.items():
+            for key, fn in fns.items():
                 before = ops.kernel_seconds
-                runs[name].append(mean_host_seconds(fn, calls, sync))
-                kernel[name].append((ops.kernel_seconds - before) / calls)
+                runs[key].append(mean_host_seconds(fn, calls, sync))
+                kernel[key].append((ops.kernel_seconds - before) / calls)
     entries = []
     for name, (_, desc) in mods.items():
-        e = {"variant": name, **desc, "us_per_call": statistics.median(runs[name]) * 1e6,
-             "us_per_call_runs": [t * 1e6 for t in runs[name]]}
-        if stubbed:  # the CPU kernels' share, and the rest: the host work a GPU run would have
-            e["cpu_kernels_us_per_call"] = statistics.median(kernel[name]) * 1e6
-            e["host_us_per_call"] = statistics.median(t - k for t, k in zip(runs[name], kernel[name])) * 1e6
+        e = {"variant": name, **desc}
+        for what, prefix in (("layer", ""), ("ops", "ops_")):
+            if (name, what) not in runs:
+                continue
+            t, k = runs[name, what], kernel[name, what]
+            e[f"{prefix}us_per_call"] = statistics.median(t) * 1e6
+            e[f"{prefix}us_per_call_runs"] = [v * 1e6 for v in t]
+            if stubbed:  # the CPU kernels' share, and the rest: the host work a GPU run would have
+                e[f"{prefix}cpu_kernels_us_per_call"] = statistics.median(k) * 1e6
+                e[f"{prefix}host_us_per_call"] = statistics.median(a - b for a, b in zip(t, k)) * 1e6
         entries.append(e)
     base = None if stubbed else entries[0]["us_per_call"]
     for e in entries:
@@ -189,6 +221,9 @@ def run(args) -> dict:
             e["ratio_to_bf16"] = e["us_per_call"] / base
         tail = (f"x{e['ratio_to_bf16']:.2f} nn.Linear's" if base is not None else
                 f"host {e['host_us_per_call']:.1f} us + CPU kernels {e['cpu_kernels_us_per_call']:.1f} us")
+        if "ops_us_per_call" in e:
+            ops = e["ops_host_us_per_call"] if stubbed else e["ops_us_per_call"]
+            tail += f"; its ops alone {ops:.1f} us{' host' if stubbed else ''}"
         print(f"  {e['variant']:>22} {e['us_per_call']:9.1f} us per forward + backward   {tail}", flush=True)
     device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     if stubbed:
@@ -199,7 +234,8 @@ def run(args) -> dict:
         "build": _ext.build_info().get("built_with"),
         "quantizer": "snip_C::quantize" if _ext.kernel_available("quantize", dev) else "emulated (reference)",
         "shape": {"tokens": TOKENS, "in_features": IN_FEATURES, "out_features": OUT_FEATURES, "dtype": "bfloat16"},
-        "method": (f"host clock, device synchronized around {calls} calls, median of {repeats} runs taken in turns"
+        "method": (f"host clock, device synchronized around {calls} calls, median of {repeats} runs taken in turns; "
+                   "ops_*: the layer's two custom ops alone, as a compiled step calls them"
                    + ("; sm_90 path on the CPU, GEMM launches stubbed" if stubbed else "")),
         "entries": entries, "skipped": skipped,
     }

@@ -111,12 +111,49 @@ def kernel_compiled(name: str, device) -> bool:
 # (kernel name, device) -> whether that compiled kernel may run there; None until the package installs its gate
 KernelGate = Callable[[str, torch.device], bool]
 _gate: KernelGate | None = None
+_gate_epoch = 0  # counts the times the gate's answers may have changed (`gate_changed`)
 
 
 def set_kernel_gate(gate: KernelGate) -> None:
     """Install the check every compiled kernel passes before it runs on a device (`kernel_available`)."""
     global _gate
     _gate = gate
+    gate_changed()
+
+
+def gate_changed() -> None:
+    """Say that the gate's answers may differ from now on (a self-check finished, the checks were switched on
+    or off, another gate was installed): every decision kept by a `GateMemo` is dropped."""
+    global _gate_epoch
+    _gate_epoch += 1
+
+
+class GateMemo(dict):
+    """Decisions that follow from which kernels may run (a kernel's use, an operand's scale layout, a GEMM's
+    path and tile), kept per argument tuple so that a layer does not re-derive them on every call, and
+    dropped whenever the gate's answers may have changed. `get_or(key, compute)` returns the kept decision or
+    computes it; one computed while the gate changed (a self-check that ran and finished inside `compute`)
+    is returned but not kept. `lookup` and item assignment serve a caller that keeps only some decisions."""
+
+    def __init__(self):
+        super().__init__()
+        self._epoch = _gate_epoch
+
+    def lookup(self, key):
+        """The decision kept for `key`, None if there is none (decisions are never None)."""
+        if self._epoch != _gate_epoch:
+            self.clear()
+            self._epoch = _gate_epoch
+        return self.get(key)
+
+    def get_or(self, key, compute: Callable[[], object]):
+        value = self.lookup(key)
+        if value is None:
+            epoch = _gate_epoch
+            value = compute()
+            if epoch == _gate_epoch:
+                self[key] = value
+        return value
 
 
 def kernel_available(name: str, device) -> bool:
@@ -127,15 +164,24 @@ def kernel_available(name: str, device) -> bool:
         device = device.device
     elif not isinstance(device, torch.device):
         device = torch.device(device)
+    if _available(name, str(device)):
+        return True
     if not kernel_compiled(name, device):
         arch = _device_arch(device)
         if arch is not None and arch != "cpu":
             _warn_missing_kernel(name, arch)
-        return False
-    return _gate_allows(name, str(device))
+    return False
+
+
+_answers = GateMemo()  # (kernel name, device) -> kernel_available's answer
 
 
 @_constant  # asked first from a torch.compile trace, the check still runs eagerly
+def _available(name: str, device: str) -> bool:
+    # asked several times per GEMM and quantization: the answer is kept until the gate changes
+    return _answers.get_or((name, device), lambda: kernel_compiled(name, device) and _gate_allows(name, device))
+
+
 def _gate_allows(name: str, device: str) -> bool:
     if _gate is None:  # never after `import snip_ops`, which every import of one of its modules runs first
         raise RuntimeError("snip_ops' kernel gate is not installed: kernels are used only after their self-check")

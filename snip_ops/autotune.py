@@ -61,7 +61,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 __all__ = ["MODES", "GemmKind", "TuningKey", "TuningConfig", "Tuned", "configure", "current", "candidates",
-           "key_for", "choose", "tune", "same_bits", "table_lookup", "table_from_bench", "write_table", "default_cache_path",
+           "key_for", "choose", "settled", "tune", "same_bits", "table_lookup", "table_from_bench", "write_table", "default_cache_path",
            "cuda_event_timer", "device_slug", "device_name", "SNIP_VERSION"]
 
 MODES = ("off", "table", "tune")
@@ -372,6 +372,14 @@ def choose(key: TuningKey, run: Runner | None = None, tuning: TuningConfig | Non
         choice = tuned.config
     _chosen[memo] = choice
     return choice
+
+
+def settled(key: TuningKey, tuning: TuningConfig | None = None) -> bool:
+    """Whether `choose(key)` under `tuning` (default `current()`) gives the config it gave last, from now on
+    in this process: "off", a kind with no candidate but the heuristic, or a key it has answered for good
+    (not one answered from the table inside a trace while tuning waits for an eager call)."""
+    tuning = current() if tuning is None else tuning
+    return tuning.mode == "off" or candidates(key.kind) == ("",) or (tuning, key.text()) in _chosen
 
 
 @lru_cache(maxsize=None)

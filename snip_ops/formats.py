@@ -187,6 +187,11 @@ class QuantSpec:
         # Made once: every quantization and GEMM call passes the spec to its op as this string.
         object.__setattr__(self, "_text", f"{self.element.name}/{br}x{bc}/{self.scale.value}/{self.rounding.value}")
 
+    def __hash__(self) -> int:
+        # Specs key the kernel decisions kept per call signature (_ext.GateMemo); the text names every field
+        # (`parse` inverts it), so equal specs hash alike, without hashing the fields on every lookup.
+        return hash(self._text)
+
     @property
     def packed(self) -> bool:
         """Codes are stored two per byte (4-bit formats)."""

@@ -224,6 +224,13 @@ def scale_layout_for(spec: QuantSpec, device) -> str:
     sm_100a's, which takes the same arguments) is usable and the spec is one it reads; else "plain"
     (also for 2-D Blackwell blocks, whose scales the GEMM call expands to rows)."""
     arch = device_arch(device)
+    return _scale_layouts.get_or((spec, device, arch), lambda: _scale_layout(spec, device, arch))
+
+
+_scale_layouts = _ext.GateMemo()  # (spec, device, arch) -> scale_layout_for's answer
+
+
+def _scale_layout(spec: QuantSpec, device, arch) -> str:
     kind = _blackwell_format(spec)
     if kind is not None and spec.block[0] == 1 and arch == (10, 0) and _ext.kernel_available(f"{kind}_gemm_nt", device):
         return "blackwell"
@@ -313,7 +320,13 @@ def select_path(a: QTensor, b: QTensor, *, out_dtype: torch.dtype = torch.bfloat
     arguments, accepted here alike) do not change the choice."""
     _check_pair(a, b)
     device = a.codes.device
-    return _choose(a, b, device_arch(device), lambda kernel: _ext.kernel_available(kernel, device))
+    arch = device_arch(device)
+    # the choice reads the operands' specs and shapes only (see _Operand): kept per those, like the gate's answers
+    key = (a.spec, tuple(a.shape), b.spec, tuple(b.shape), device, arch)
+    return _paths.get_or(key, lambda: _choose(a, b, arch, lambda kernel: _ext.kernel_available(kernel, device)))
+
+
+_paths = _ext.GateMemo()  # (a spec, a shape, b spec, b shape, device, arch) -> select_path's choice
 
 
 def gemm_operand_specs(r: GemmRecipe, gemm: str) -> tuple[QuantSpec | None, QuantSpec | None]:
@@ -491,13 +504,31 @@ def _run_fp8_blockwise(a: QTensor, b: QTensor, out_dtype, bias, out, config: str
         return target
 
     if not config:
-        kind = autotune.GemmKind(_fp8_kernel(device_arch(ca.device), a), b_block,
-                                 str(kernel_dtype).removeprefix("torch."), direct_acc)
-        config = autotune.choose(autotune.key_for(autotune.device_name(ca.device), kind, a.shape[0], n_pad,
-                                                  ca.shape[1], version=_tuning_version()), run)
+        config = _tile_config(a, ca, b_block, kernel_dtype, direct_acc, n_pad, run)
     if direct_acc:
         return run(config, out)
     return _finish(run(config), n, out_dtype, None, out)
+
+
+_tile_configs = _ext.GateMemo()  # the autotuner's settled answers, per tuning setting and call signature
+
+
+def _tile_config(a: QTensor, ca: torch.Tensor, b_block: int, kernel_dtype: torch.dtype, direct_acc: bool,
+                 n_pad: int, run) -> str:
+    """The autotuner's config for this FP8 GEMM (`autotune.choose`). Once the answer is settled for its key
+    (`autotune.settled`) it is kept per call signature, without building the key again."""
+    tuning, device = autotune.current(), ca.device
+    memo = (tuning, device, a.spec.element, b_block, kernel_dtype, direct_acc, a.shape[0], n_pad, ca.shape[1])
+    config = _tile_configs.lookup(memo)
+    if config is None:
+        kind = autotune.GemmKind(_fp8_kernel(device_arch(device), a), b_block,
+                                 str(kernel_dtype).removeprefix("torch."), direct_acc)
+        key = autotune.key_for(autotune.device_name(device), kind, a.shape[0], n_pad, ca.shape[1],
+                               version=_tuning_version())
+        config = autotune.choose(key, run)
+        if autotune.settled(key, tuning):
+            _tile_configs[memo] = config
+    return config
 
 
 def _acc_ok(out: torch.Tensor) -> bool:

@@ -22,6 +22,8 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from . import _ext
+
 __all__ = ["configure", "passed", "CHECKS", "GEMM_KERNELS", "quantize_case", "gemm_case"]
 
 _enabled = True
@@ -32,6 +34,7 @@ def configure(*, enabled: bool) -> None:
     """enabled=False: every compiled kernel is used without a self-check (already failed ones too)."""
     global _enabled
     _enabled = bool(enabled)
+    _ext.gate_changed()
 
 
 def passed(kernel: str, device: torch.device | str) -> bool:
@@ -52,6 +55,8 @@ def passed(kernel: str, device: torch.device | str) -> bool:
             warnings.warn(f"snip: the {kernel} kernel failed its self-check on {device} ({type(e).__name__}: {e}); "
                           f"its work runs on the exact emulated path instead. Please report this with "
                           f"snip_ops.build_info().", RuntimeWarning, stacklevel=3)
+        finally:
+            _ext.gate_changed()  # while it ran, the kernel counted as usable (by the check itself)
     return _results[key] is not False
 
 

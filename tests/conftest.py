@@ -4,6 +4,7 @@ marker on every test whose outcome may depend on the intra-op thread count (test
 import pytest
 import torch
 
+from snip_ops import _ext
 from thread_free import thread_free
 
 
@@ -34,3 +35,10 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def no_kept_kernel_decisions():
+    """Tests patch what snip's kept kernel decisions follow from (the self-check's results, a device's arch,
+    the compiled kernel set; snip_ops._ext.GateMemo): each test starts with none kept."""
+    _ext.gate_changed()

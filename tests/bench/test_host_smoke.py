@@ -35,6 +35,8 @@ def test_smoke(tmp_path):
     assert [e["variant"] for e in result["entries"]] == ["bf16", *bench_host.PRECISIONS]
     assert result["entries"][0]["ratio_to_bf16"] == 1.0
     assert all(e["us_per_call"] > 0 and len(e["us_per_call_runs"]) == 1 for e in result["entries"])
+    assert "ops_us_per_call" not in result["entries"][0]  # nn.Linear has no custom ops
+    assert all(e["ops_us_per_call"] > 0 for e in result["entries"][1:])
 
 
 @needs_cpu_quantizer
@@ -46,8 +48,23 @@ def test_sm90_host_path_smoke(tmp_path):
     assert set(ran["snip_fp8"]["paths"].values()) == {"sm90_fp8"}
     assert set(ran["snip_fp4"]["paths"].values()) == {"sm90_fp4"}
     for e in ran.values():
-        assert 0 < e["cpu_kernels_us_per_call"] < e["us_per_call"]
-        assert e["host_us_per_call"] == pytest.approx(e["us_per_call"] - e["cpu_kernels_us_per_call"])
+        for prefix in ("", "ops_"):
+            assert 0 < e[f"{prefix}cpu_kernels_us_per_call"] < e[f"{prefix}us_per_call"]
+            assert e[f"{prefix}host_us_per_call"] == pytest.approx(e[f"{prefix}us_per_call"]
+                                                                   - e[f"{prefix}cpu_kernels_us_per_call"])
+
+
+@needs_cpu_quantizer
+@pytest.mark.parametrize("precision", ["fp8", "fp4", LinearPrecision(fprop="fp8", dgrad="bf16", wgrad="fp4")])
+def test_the_ops_alone_compute_what_the_layer_does(precision):
+    """ops_fwd_bwd calls the layer's custom ops with the layer's arguments: the same bits as its backward."""
+    lin = nn.Linear(128, 64, bias=False, dtype=torch.bfloat16)
+    layer = SnipLinear.from_linear(lin, LinearPrecision.of(precision), seed=3)
+    x = torch.randn(16, 128, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(16, 64, dtype=torch.bfloat16)
+    layer(x).backward(dy)  # offset 0, the one the ops alone use
+    dx, dw = bench_host.ops_fwd_bwd(layer, x, dy)()
+    assert torch.equal(dx, x.grad) and torch.equal(dw, layer.weight.grad)
 
 
 @needs_cpu_quantizer

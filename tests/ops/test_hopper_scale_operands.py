@@ -131,6 +131,7 @@ def test_layout_is_hopper_where_the_blockwise_kernel_runs(monkeypatch):
     for spec in (QuantSpec(E4M3, (1, 32), ScaleKind.E8M0), QuantSpec(E4M3, (16, 16)), QuantSpec(E4M3, (1, 16))):
         assert gk.scale_layout_for(spec, "cuda") == "plain"
     monkeypatch.setattr(gk._ext, "kernel_available", lambda op, device: op != "fp8_gemm_nt_blockwise")
+    gk._ext.gate_changed()  # the kernels' availability changed: decisions kept before are dropped
     assert gk.scale_layout_for(SPECS["act"], "cuda") == "plain"
 
 
