@@ -207,16 +207,27 @@ class _Call(NamedTuple):
         return _Quantizer(self.seed, int(self.offset), _kernel_mode(like, self.emulate))
 
 
-def _register(name: str, impl, fake, schema: str, mutates_args=()) -> None:
-    """Register `impl` (with `fake`, its shape function) as two custom ops: snip::<name>, and
-    snip::<name>_seeded tagged cudagraph_unsafe, which a layer calls where the op's quantizations draw
-    random bits (stochastic rounding, the Hadamard signs). Those bits' offset is read on the host and
-    passed to the kernels at launch; a CUDA graph would replay it, every step drawing the first step's
-    bits. With the tag, torch.compile's CUDA-graph mode runs the seeded ops outside its graphs, while the
-    round-to-nearest ops may be captured."""
+_LIB = torch.library.Library("snip", "DEF")
+
+
+def _register(name: str, impl, fake, schema: str) -> None:
+    """Register `impl` (with `fake`, its shape function) as two ops: snip::<name>, and snip::<name>_seeded
+    tagged cudagraph_unsafe, which a layer calls where the op's quantizations draw random bits (stochastic
+    rounding, the Hadamard signs). Those bits' offset is read on the host and passed to the kernels at launch;
+    a CUDA graph would replay it, every step drawing the first step's bits. With the tag, torch.compile's
+    CUDA-graph mode runs the seeded ops outside its graphs, while the round-to-nearest ops may be captured.
+
+    `torch.library.custom_op` would wrap `impl` in Python layers of its own on every call (an autograd kernel
+    that redispatches, an aliasing check of the outputs), about half of an op call's host time: the ops
+    are defined with their schema and `impl` is their one kernel, for every device (CompositeExplicitAutograd).
+    They have no derivative (`_Linear` is theirs) and are called with gradients off. `impl` runs with
+    torch.compile's frame hook off, as custom_op's kernels do: compiled code that calls the op must not
+    trace its Python."""
+    kernel = torch._disable_dynamo(impl)
     for op_name, tags in ((name, ()), (f"{name}_seeded", (torch.Tag.cudagraph_unsafe,))):
-        op = torch.library.custom_op(f"snip::{op_name}", impl, mutates_args=mutates_args, schema=schema, tags=tags)
-        op.register_fake(fake)
+        _LIB.define(op_name + schema, tags=tags)
+        _LIB.impl(op_name, kernel, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"snip::{op_name}", fake, lib=_LIB)
 
 
 def _draws_bits(*specs: QuantSpec | None, hadamard: int = 0) -> bool:
@@ -328,8 +339,7 @@ def _bwd_accumulate_fake(dy, x, xt, w, wt, in_features, dgrad, wgrad, seed, offs
 
 _register("linear_bwd_accumulate", _bwd_accumulate, _bwd_accumulate_fake, (
     "(Tensor dy, Tensor? x, Tensor[] xt, Tensor? w, Tensor[] wt, SymInt in_features, str dgrad, str wgrad, "
-    "SymInt seed, Tensor offset, bool emulate, bool need_dx, Tensor(a!) wgrad_into) -> Tensor"),
-    mutates_args=("wgrad_into",))
+    "SymInt seed, Tensor offset, bool emulate, bool need_dx, Tensor(a!) wgrad_into) -> Tensor"))
 
 
 class _Layer(NamedTuple):
