@@ -33,7 +33,11 @@ from snip_ops import autotune, gemm_kernels
 from snip_ops.formats import GEMMS, gemm_dims, recipe
 from snip_ops.quantize import quantize
 
-__all__ = ["layer_gemm_inputs", "quantize_for_gemm", "out_dtype_of", "wall_timer", "measure"]
+__all__ = ["layer_gemm_inputs", "quantize_for_gemm", "OUT_DTYPE", "wall_timer", "measure"]
+
+# What each of a BF16 layer's GEMMs writes: activations and gradients, the weight gradient too (snip_ops.linear
+# writes it in the weight's dtype).
+OUT_DTYPE = torch.bfloat16
 
 Timer = Callable[[Callable[[], object]], float]  # a call -> its time in milliseconds
 
@@ -66,14 +70,6 @@ def quantize_for_gemm(gemm: str, precision: str, a_src: torch.Tensor, b_src: tor
     # dgrad: b = w^T of w [k, n], as the layer's fused row + column pass writes it (for square blocks
     # the same codes as w's transposed)
     return q(a_src, r.grad), q(b_src, r.weight, True)
-
-
-def out_dtype_of(gemm: str) -> torch.dtype:
-    """What the layer's GEMM writes for BF16 weights: BF16 activations and gradients (the weight gradient in
-    the weight's dtype, snip_ops.linear)."""
-    if gemm not in GEMMS:
-        raise ValueError(f"unknown GEMM {gemm!r}; expected one of {GEMMS}")
-    return torch.bfloat16
 
 
 def wall_timer(reps: int = 5, warmup: int = 1) -> Timer:
@@ -131,10 +127,9 @@ def measure(layers: Iterable[tuple[int, int, int]], precisions: Iterable[str], d
                     quant_ms, gemm_ms, path = 0.0, float(timer(_bf16_gemm(gemm, a_src, b_src))), "bf16"
                 else:
                     qa, qb = quantize_for_gemm(gemm, p, a_src, b_src)
-                    out_dtype = out_dtype_of(gemm)
                     quant_ms = float(timer(lambda: quantize_for_gemm(gemm, p, a_src, b_src)))
-                    gemm_ms = float(timer(lambda: gemm_kernels.qgemm(qa, qb, out_dtype=out_dtype)))
-                    path = gemm_kernels.select_path(qa, qb, out_dtype=out_dtype).path
+                    gemm_ms = float(timer(lambda: gemm_kernels.qgemm(qa, qb, out_dtype=OUT_DTYPE)))
+                    path = gemm_kernels.select_path(qa, qb, out_dtype=OUT_DTYPE).path
                     del qa, qb
                 entries.append(dict(row, time=(quant_ms + gemm_ms) * 1e-3, quantize_ms=quant_ms, gemm_ms=gemm_ms,
                                     path=path))

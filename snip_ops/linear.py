@@ -218,7 +218,7 @@ def _register(name: str, impl, fake, schema: str) -> None:
     CUDA-graph mode runs the seeded ops outside its graphs, while the round-to-nearest ops may be captured.
 
     `torch.library.custom_op` would wrap `impl` in Python layers of its own on every call (an autograd kernel
-    that redispatches, an aliasing check of the outputs), about half of an op call's host time: the ops
+    that redispatches, an aliasing check of the outputs), most of an op call's overhead: the ops
     are defined with their schema and `impl` is their one kernel, for every device (CompositeExplicitAutograd).
     They have no derivative (`_Linear` is theirs) and are called with gradients off. `impl` runs with
     torch.compile's frame hook off, as custom_op's kernels do: compiled code that calls the op must not
