@@ -304,6 +304,9 @@ class AdamW(torch.optim.Optimizer):
                 if self._use_kernel(group["implementation"], device, lists):
                     seed = group["seed"] - 2**64 if group["seed"] >= 2**63 else group["seed"]  # the op's int is int64
                     torch.ops.snip_C.adamw_(*lists, *scalars.as_tuple(), step, seed, group["bf16_sr"])
+                    # The op writes through pointers: advance the version counters an in-place torch op would,
+                    # which autograd's saved-tensor checks and reuse_quantized_weights read.
+                    torch.autograd.graph.increment_version(lists[0] + lists[2] + lists[3])
                 else:
                     adamw_step_reference(*lists, scalars, step, group["seed"], group["bf16_sr"])
         return loss

@@ -149,3 +149,16 @@ def test_optimizer_uses_the_kernel_and_matches_reference_training(dev):
             opt.step()
     for a, b in zip(models[0].parameters(), models[1].parameters()):
         assert torch.equal(a, b)
+
+
+def test_the_kernel_step_advances_version_counters(dev):
+    # The op writes through raw pointers; autograd's saved-tensor checks and reuse_quantized_weights read
+    # the version counters an in-place torch op would have advanced.
+    p = nn.Parameter(torch.randn(300, device=dev, dtype=torch.bfloat16))
+    opt = AdamW([p], lr=0.1, implementation="kernel")
+    p.grad = torch.randn_like(p)
+    opt.step()  # creates the moments
+    state = opt.state[p]
+    before = [t._version for t in (p, state["exp_avg"], state["exp_avg_sq"])]
+    opt.step()
+    assert all(t._version > v for t, v in zip((p, state["exp_avg"], state["exp_avg_sq"]), before))
