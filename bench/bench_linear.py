@@ -16,6 +16,9 @@ bench_step, not here):
   snip_fp8             SnipLinear, recipe "fp8" for all three GEMMs.
   snip_fp8_fused_wgrad the same with fuse_wgrad_accumulation: the weight gradient added into an FP32
                        weight.main_grad by the wgrad GEMM's epilogue (never reset: an accumulation).
+  snip_fp8_reused_weight
+                       snip_fp8 inside snip_ops.reuse_quantized_weights: the weight quantized at the first
+                       call only, as for the micro-batches after the first of a gradient-accumulation step.
   snip_fp4             SnipLinear, recipe "fp4" -- only where an FP4 GEMM kernel exists (Hopper's
                        sm90_fp4, Blackwell's sm100_fp4; anywhere in a smoke run), else skipped.
   snip_fp8_fwd_fp4_bwd SnipLinear, LinearPrecision(fprop="fp8", dgrad="fp4", wgrad="fp4"): a mixed
@@ -38,6 +41,7 @@ CPU run never writes into bench/results.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
@@ -45,7 +49,7 @@ from torch import nn
 
 from bench.gpu_bench import apply_tuning, device_and_timer, timing_parser, write_device_result
 from bench.run_record import provenance
-from snip_ops import LinearPrecision, SnipLinear, _ext
+from snip_ops import LinearPrecision, SnipLinear, _ext, reuse_quantized_weights
 from snip_ops.formats import GEMMS, gemm_dims
 from snip_ops.gemm_kernels import device_arch, gemm_path
 
@@ -61,6 +65,7 @@ SNIP_VARIANTS = {
     "snip_fp4": LinearPrecision("fp4"),
     "snip_fp8_fwd_fp4_bwd": LinearPrecision(fprop="fp8", dgrad="fp4", wgrad="fp4"),
 }
+REUSED_WEIGHT_VARIANTS = ("snip_fp8_reused_weight",)
 TORCHAO_RECIPES = ("rowwise", "tensorwise")
 FP4_KERNEL_PATHS = ("sm90_fp4", "sm100_fp4")
 
@@ -105,6 +110,10 @@ def variants(lin: nn.Linear, dev: torch.device, shape, smoke: bool, ao) -> tuple
             lin.weight.main_grad = torch.zeros(lin.weight.shape, device=dev, dtype=torch.float32)
             out["snip_fp8_fused_wgrad"] = (fused, {"impl": f"SnipLinear {precision}, fuse_wgrad_accumulation (main_grad)",
                                               "paths": paths, "quantizer": quantizer})
+            out["snip_fp8_reused_weight"] = (
+                SnipLinear.from_linear(lin, precision, seed=1, name="snip_fp8_reused_weight"),
+                {"impl": f"SnipLinear {precision}, reuse_quantized_weights (weight quantized at the first call only)",
+                 "paths": paths, "quantizer": quantizer})
     for recipe_name in TORCHAO_RECIPES:
         name = f"torchao_{recipe_name}"
         if isinstance(ao, str):  # said once, in the result's "torchao"
@@ -160,8 +169,10 @@ def run(args) -> dict:
             skipped += [dict(s, model=model, layer=layer) for s in skips]
             times = {}
             for name, (mod, desc) in mods.items():
+                reuse = reuse_quantized_weights(mod) if name in REUSED_WEIGHT_VARIANTS else contextlib.nullcontext()
                 try:
-                    t, finite = time_layer(mod, x, dy, seconds)
+                    with reuse:
+                        t, finite = time_layer(mod, x, dy, seconds)
                 except Exception as e:  # one broken variant must not hide the others' numbers
                     skipped.append({"variant": name, "model": model, "layer": layer,
                                     "reason": f"failed: {type(e).__name__}: {e}"})
@@ -194,7 +205,7 @@ def print_rows(rows: list[dict]) -> None:
     for e in rows:
         ratios = [f"x{e[key]:.2f} vs {base}" for key, base in (("speedup_vs_bf16", "bf16"),
                   ("speedup_vs_torchao_rowwise", "torchao rowwise")) if e[key] is not None]
-        print(f"{e['model']:>10} {e['layer']:>17} {e['variant']:>21} {e['ms']:9.3f} ms {e['tflops']:7.1f} TFLOP/s "
+        print(f"{e['model']:>10} {e['layer']:>17} {e['variant']:>22} {e['ms']:9.3f} ms {e['tflops']:7.1f} TFLOP/s "
               + ", ".join(ratios), flush=True)
 
 

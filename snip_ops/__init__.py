@@ -2,7 +2,8 @@
 
 Public surface (docs/design.md §7): `linear`, `SnipLinear`, `convert`, `quantize` / `dequantize` /
 `fake_quantize` and their `QTensor`, the recipe types of `formats`, `build_info`, `self_check` (kernels are
-used after a self-check on each device); `snip_ops.fsdp` and `snip_ops.tensor_parallel` for sharded training.
+used after a self-check on each device), `reuse_quantized_weights` (one weight quantization per step under
+gradient accumulation); `snip_ops.fsdp` and `snip_ops.tensor_parallel` for sharded training.
 """
 
 from . import _ext, self_check
@@ -18,8 +19,10 @@ from .linear import linear
 from .module import SnipLinear, convert
 from .reference import QTensor, fake_quantize
 from .quantize import dequantize, quantize
+from .weight_reuse import reuse_quantized_weights
 
 __all__ = [
     "formats", "self_check", "build_info", "GemmRecipe", "LinearPrecision", "QuantSpec", "Rounding", "ScaleKind", "recipe",
     "linear", "SnipLinear", "convert", "QTensor", "quantize", "dequantize", "fake_quantize",
+    "reuse_quantized_weights",
 ]

@@ -49,7 +49,7 @@ from .qparts import from_parts, meta_parts, num_parts, to_parts
 from .quantize import dequantize, quantize, quantize_rowcol
 from .reference import QTensor
 
-__all__ = ["linear"]
+__all__ = ["linear", "weight_operands", "weight_operands_reusable"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -197,11 +197,12 @@ class _Call(NamedTuple):
     need_dw: bool
 
     @classmethod
-    def with_tail(cls, args: tuple) -> tuple["_Call", object]:
-        """The call's arguments and the one that follows them (linear_fwd's `wq`), None where omitted: the
-        dispatcher leaves out a trailing argument that has its default value."""
+    def with_tail(cls, args: tuple) -> tuple["_Call", object, object]:
+        """The call's arguments and the two that follow them (linear_fwd's `wq` and `w_operand`), None where
+        omitted: the dispatcher leaves out trailing arguments that have their default value."""
         n = len(cls._fields)
-        return cls(*args[:n]), args[n] if len(args) > n else None
+        tail = tuple(args[n:]) + (None, None)
+        return cls(*args[:n]), tail[0], tail[1]
 
     def quantizer(self, like: torch.Tensor) -> _Quantizer:
         return _Quantizer(self.seed, int(self.offset), _kernel_mode(like, self.emulate))
@@ -235,42 +236,79 @@ def _draws_bits(*specs: QuantSpec | None, hadamard: int = 0) -> bool:
     return bool(hadamard) or any(s is not None and s.rounding == Rounding.SR for s in specs)
 
 
-# The schemas are spelled out: linear_fwd's for `wq`'s `Tensor[]? = None`, which the annotations cannot express,
-# and all because the Python functions take the arguments they share as one `_Call`.
+def weight_operands_reusable(precision: LinearPrecision) -> bool:
+    """Whether a layer of `precision` may reuse its weight's GEMM operands while the weight is unchanged:
+    fprop quantizes the weight, and neither fprop's nor dgrad's weight quantization draws random bits, so
+    quantizing the same weight again gives the same bits."""
+    fr, dr = precision.fprop, precision.dgrad
+    return not fr.is_bf16 and not _draws_bits(fr.weight, None if dr.is_bf16 else dr.weight)
+
+
+def weight_operands(w: torch.Tensor, precision: LinearPrecision,
+                    emulate: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The weight's GEMM operands exactly as `snip::linear_fwd` makes them when it quantizes `w` itself: (w for
+    fprop, w^T for dgrad, or [] where dgrad is bf16), each as kernel mode's `qparts` in its GEMM's scale
+    layout, or emulated mode's float32 values. `precision` must be `weight_operands_reusable`. The first is
+    linear_fwd's `w_operand`; the second is what it would have saved for backward."""
+    if not weight_operands_reusable(precision):
+        raise ValueError(f"linear: a layer of precision {precision} quantizes its weight with random bits or not "
+                         "at all; its weight operands cannot be reused")
+    fr, dr = precision.fprop, precision.dgrad
+    q = _Quantizer(0, 0, _kernel_mode(w, emulate))  # no bits are drawn: the seed and offset are unused
+    with torch.no_grad(), _no_autocast(w):
+        wq, wtq = _weight_operands(w, None, w.shape[1], fr, dr, not dr.is_bf16, q)
+    return _saved(wq), (_saved(wtq) if wtq is not None else [])
+
+
+def _reused_weight_operand(parts: list[torch.Tensor], in_features: int, fr: GemmRecipe, kernels: bool) -> Operand:
+    """fprop's weight operand from the first list `weight_operands` gives."""
+    if len(parts) != _n_saved(fr.weight, kernels):
+        raise ValueError(f"linear: w_operand has {len(parts)} tensors; the {fr.key()} weight operand takes "
+                         f"{_n_saved(fr.weight, kernels)}")
+    return _restored(parts, fr.weight, (parts[0].shape[0], in_features), kernels)
+
+
+# The schemas are spelled out: linear_fwd's for the `Tensor[]? = None` of `wq` and `w_operand`, which the
+# annotations cannot express, and all because the Python functions take the arguments they share as one `_Call`.
 def _fwd(x: torch.Tensor, w: torch.Tensor | None, fprop: str, *call_and_wq) -> list[torch.Tensor]:
     """[y, *x^T (for wgrad), *w^T (for dgrad)]: each saved operand only where backward needs its
     quantized form (not for a bf16-recipe GEMM, which uses the unquantized tensor), as `_n_saved`
     tensors. No placeholders: zero-size tensors confuse the compiler's handling of saved tensors.
     `call_and_wq`: the `_Call` arguments, then `wq` (with w None): the weight already quantized, see
-    `_prequantized_weight`."""
-    call, wq = _Call.with_tail(call_and_wq)
+    `_prequantized_weight`; then `w_operand` (with w None): fprop's weight operand as this op would make it
+    (`weight_operands`), reused while the weight is unchanged (snip_ops.weight_reuse); w^T is then the
+    caller's to save, not returned."""
+    call, wq, w_operand = _Call.with_tail(call_and_wq)
     fr, dr, wr = _recipe(fprop), _recipe(call.dgrad), _recipe(call.wgrad)
     q = call.quantizer(x)
     keep_xt = call.need_dw and not wr.is_bf16
-    keep_wt = call.need_dx and not dr.is_bf16
+    keep_wt = call.need_dx and not dr.is_bf16 and w_operand is None  # the caller keeps a reused w^T
     with _no_autocast(x):
         rht = keep_xt and wr.wgrad_hadamard  # x^T is then quantized from T x, not from x
         xq, xtq = q.row_and_col(x, fr.act, wr.act, not fr.is_bf16, keep_xt and not rht, "x", "xt")
         if rht:
             xtq = q.hadamard_t(x, wr, wr.act, "xt")
-        wq, wtq = _weight_operands(w, wq, x.shape[1], fr, dr, keep_wt, q)
+        if w_operand is not None:
+            wq, wtq = _reused_weight_operand(w_operand, x.shape[1], fr, q.kernels), None
+        else:
+            wq, wtq = _weight_operands(w, wq, x.shape[1], fr, dr, keep_wt, q)
         y = (x @ w.t()).to(x.dtype) if fr.is_bf16 else _gemm(xq, wq, x.dtype)
     return [y, *(_saved(xtq) if keep_xt else []), *(_saved(wtq) if keep_wt else [])]
 
 
 def _fwd_fake(x, w, fprop, *call_and_wq):
-    call, wq = _Call.with_tail(call_and_wq)
+    call, wq, w_operand = _Call.with_tail(call_and_wq)
     dr, wr = _recipe(call.dgrad), _recipe(call.wgrad)
-    (m, k), n = x.shape, (w if wq is None else wq[0]).shape[0]
+    (m, k), n = x.shape, (w if w is not None else wq[0] if wq is not None else w_operand[0]).shape[0]
     kernels = _kernel_mode(x, call.emulate)
     xt = _saved_meta(wr.act, (k, _wgrad_tokens(m, wr)), kernels, x) if call.need_dw and not wr.is_bf16 else []
-    wt = _saved_meta(dr.weight, (k, n), kernels, x) if call.need_dx and not dr.is_bf16 else []
+    wt = _saved_meta(dr.weight, (k, n), kernels, x) if call.need_dx and not dr.is_bf16 and w_operand is None else []
     return [x.new_empty(m, n), *xt, *wt]
 
 
 _register("linear_fwd", _fwd, _fwd_fake, (
     "(Tensor x, Tensor? w, str fprop, str dgrad, str wgrad, int seed, Tensor offset, bool emulate, bool need_dx, "
-    "bool need_dw, Tensor[]? wq=None) -> Tensor[]"))
+    "bool need_dw, Tensor[]? wq=None, Tensor[]? w_operand=None) -> Tensor[]"))
 
 
 def _backward(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: torch.Tensor | None,
@@ -359,14 +397,21 @@ class _Layer(NamedTuple):
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, w, b, offset, layer: _Layer, wgrad_into):
+    def forward(ctx, x2, w, b, offset, layer: _Layer, wgrad_into, reused):
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         # kept as an attribute, not saved: it is written in backward, and a saved tensor's version check
         # would refuse a layer called twice before its backward
         ctx.wgrad_into = wgrad_into
         fwd = torch.ops.snip.linear_fwd_seeded if layer.fwd_seeded else torch.ops.snip.linear_fwd
-        y, *saved = fwd(x2, w, layer.fprop, layer.dgrad, layer.wgrad, layer.seed, offset, layer.emulate, need_dx,
-                        need_dw)
+        if reused is None:
+            y, *saved = fwd(x2, w, layer.fprop, layer.dgrad, layer.wgrad, layer.seed, offset, layer.emulate,
+                            need_dx, need_dw)
+        else:  # the weight's operands, reused (`weight_operands`): the op does not read w, w^T is saved from here
+            w_parts, wt_parts = reused
+            y, *saved = fwd(x2, None, layer.fprop, layer.dgrad, layer.wgrad, layer.seed, offset, layer.emulate,
+                            need_dx, need_dw, w_operand=w_parts)
+            if need_dx and not layer.dgrad_bf16:
+                saved += wt_parts
         # The unquantized operands are kept only for a bf16-recipe GEMM that needs them.
         x_keep = x2 if need_dw and layer.wgrad_bf16 else None
         w_keep = w if need_dx and layer.dgrad_bf16 else None
@@ -395,7 +440,7 @@ class _Linear(torch.autograd.Function):
         db = None
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             db = dy.float().sum(0).to(ctx.bias_dtype)
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
@@ -438,6 +483,7 @@ def linear(
     offset: int | torch.Tensor = 0,
     emulate: bool = False,
     wgrad_into: torch.Tensor | None = None,
+    weight_reuse=None,
 ) -> torch.Tensor:
     """`torch.nn.functional.linear` with low-precision GEMMs.
 
@@ -451,7 +497,10 @@ def linear(
     weight gradient instead of handing it to autograd (w.grad is then left alone): on the GPU kernels
     the wgrad GEMM's epilogue adds it (beta = 1), in FP32 with one rounding, with no gradient tensor
     written and read again; elsewhere the FP32 gradient is added.
+    `weight_reuse`: a `snip_ops.weight_reuse.WeightReuse` that keeps this weight's GEMM operands for later calls
+    while the weight is unchanged (`SnipLinear` passes its own inside `snip_ops.reuse_quantized_weights`).
     """
+    w_param = w
     if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
         # What F.linear does under autocast: compute in the autocast dtype; the casts are
         # differentiable, so FP32 master weights receive FP32 gradients.
@@ -472,5 +521,8 @@ def linear(
                    _n_saved(wr.act, _kernel_mode(x2, emulate)),
                    _draws_bits(fr.act, fr.weight, dr.weight, wr.act, hadamard=wr.wgrad_hadamard),
                    _draws_bits(dr.grad, wr.grad, hadamard=wr.wgrad_hadamard))
-    y = _Linear.apply(x2, w, b, offset.detach().cpu(), layer, wgrad_into)
+    reused = None
+    if weight_reuse is not None and weight_operands_reusable(precision):
+        reused = weight_reuse.operands(w_param, w, precision, bool(emulate))
+    y = _Linear.apply(x2, w, b, offset.detach().cpu(), layer, wgrad_into, reused)
     return y.reshape(*lead, w.shape[0])

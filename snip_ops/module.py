@@ -39,7 +39,12 @@ class SnipLinear(nn.Linear):
     `fuse_wgrad_accumulation=True`: backward adds the weight gradient into `self.weight.main_grad` (an FP32
     tensor of the weight's shape that the caller allocates and zeroes, as Megatron's distributed optimizer
     does) instead of `weight.grad`; on the GPU kernels the wgrad GEMM's epilogue does the addition
-    (`snip_ops.linear`'s `wgrad_into`)."""
+    (`snip_ops.linear`'s `wgrad_into`).
+
+    `weight_reuse`: set by `snip_ops.reuse_quantized_weights` inside that context (the weight's quantization
+    kept across micro-batches), else None."""
+
+    weight_reuse = None
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, precision=None, seed=0,
                  emulate=False, name="", fuse_wgrad_accumulation=False):
@@ -109,7 +114,7 @@ class SnipLinear(nn.Linear):
             return sharded_linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset,
                                   emulate=self.emulate, name=self.name)
         return linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset, emulate=self.emulate,
-                      wgrad_into=main_grad)
+                      wgrad_into=main_grad, weight_reuse=self.weight_reuse)
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, precision={self.precision}" + (", emulate=True" if self.emulate else "")

@@ -40,7 +40,8 @@ def test_linear_smoke(tmp_path):
     layers = {(e["model"], e["layer"]) for e in result["entries"]}
     assert layers == {("smoke", n) for n in ("q_proj/o_proj", "k_proj/v_proj", "gate_proj/up_proj", "down_proj")}
     ran_or_skipped = {e["variant"] for e in result["entries"]} | {s["variant"] for s in result["skipped"]}
-    assert ran_or_skipped == {"bf16", "snip_fp8", "snip_fp8_fused_wgrad", "snip_fp4", "snip_fp8_fwd_fp4_bwd"} | \
+    assert ran_or_skipped == {"bf16", "snip_fp8", "snip_fp8_fused_wgrad", "snip_fp8_reused_weight", "snip_fp4",
+                              "snip_fp8_fwd_fp4_bwd"} | \
         _torchao_expected(result)
     assert not [s for s in result["skipped"] if s["variant"].startswith("snip") or s["variant"] == "bf16"]
     for e in result["entries"]:

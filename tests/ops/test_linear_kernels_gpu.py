@@ -3,11 +3,13 @@ the quantized operands are bit-identical (checked first), so outputs and gradien
 GEMMs' arithmetic: each side within its GEMM path's error bound (tests/bounds.py) of the exact product
 of those operands, then rounded alike. (A training run on the kernels: tests/train/test_train_kernels_gpu.py.)"""
 
+import contextlib
+
 import pytest
 import torch
 
 from bounds import assert_within, gemm_error_bound, qgemm_error_bound, then_rounded
-from snip_ops import _ext, gemm, gemm_kernels as gk, linear, quantize
+from snip_ops import SnipLinear, _ext, gemm, gemm_kernels as gk, linear, quantize, reuse_quantized_weights
 from snip_ops.formats import recipe
 
 pytestmark = pytest.mark.gpu
@@ -113,3 +115,27 @@ def test_fused_wgrad_accumulation_on_the_kernels(precision):
         linear(x, w.detach().requires_grad_(), None, precision, offset=i,
                wgrad_into=main_grad).square().sum().backward()
     assert torch.equal(main_grad, w.grad)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "fp4", "fp8_e5m2grad", "mxfp8", "nvfp4"])
+def test_reused_weight_operands_give_the_same_bits_on_the_kernels(precision):
+    # The kept operands are in their GEMMs' scale layouts (Hopper's MN-major FP32 scales, Blackwell's atoms)
+    # and the GEMMs are deterministic: three micro-batches with and without reuse agree bit for bit.
+    torch.manual_seed(0)
+    m = SnipLinear(1024, 520, device=DEV, dtype=torch.bfloat16, precision=precision, seed=3)
+    xs = [torch.randn(768, 1024, device=DEV, dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
+
+    def step(reuse):
+        m.sr_step.zero_()
+        m.weight.grad = m.bias.grad = None
+        outs = []
+        with reuse_quantized_weights(m) if reuse else contextlib.nullcontext():
+            for x in xs:
+                x.grad = None
+                y = m(x)
+                y.float().square().sum().backward()
+                outs += [y.detach(), x.grad.clone()]
+        return outs + [m.weight.grad.clone(), m.bias.grad.clone()]
+
+    for got, want in zip(step(True), step(False)):
+        assert torch.equal(got, want)
