@@ -12,7 +12,7 @@ from . import _ext, self_check
 # before anything else of the package is imported, so before any kernel can run.
 _ext.set_kernel_gate(self_check.passed)
 
-from . import formats, fsdp
+from . import formats
 from ._ext import build_info
 from .formats import GemmRecipe, LinearPrecision, QuantSpec, Rounding, ScaleKind, recipe
 from .linear import linear
@@ -26,3 +26,12 @@ __all__ = [
     "linear", "SnipLinear", "convert", "QTensor", "quantize", "dequantize", "fake_quantize",
     "reuse_quantized_weights",
 ]
+
+
+def __getattr__(name: str):
+    # snip_ops.fsdp imports torch's FSDP, about a second of every `import snip_ops`: loaded at first use
+    if name == "fsdp":
+        import importlib
+
+        return importlib.import_module(".fsdp", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -79,9 +79,10 @@ def test_compiling_before_any_eager_call_runs_the_self_check_eagerly():
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_constant_mark_is_torchs_and_importing_snip_leaves_dynamo_out():
+def test_constant_mark_is_torchs_and_importing_snip_leaves_dynamo_and_fsdp_out():
     """_ext marks its per-process constants as torch.compiler.assume_constant_result does, without importing
-    torch._dynamo (seconds per process): the mark must stay the one dynamo reads."""
+    torch._dynamo (seconds per process): the mark must stay the one dynamo reads. snip_ops.fsdp, which imports
+    torch's FSDP, loads at its first use."""
     def ours():
         return 1
 
@@ -89,5 +90,13 @@ def test_constant_mark_is_torchs_and_importing_snip_leaves_dynamo_out():
         return 1
 
     assert vars(_ext._constant(ours)) == vars(torch._dynamo.assume_constant_result(torchs)) != {}
-    code = "import sys, snip_ops, snip_train; sys.exit('torch._dynamo' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2]).returncode == 0
+    code = ("import sys, snip_ops, snip_train\n"
+            "assert 'torch._dynamo' not in sys.modules and 'torch.distributed.fsdp' not in sys.modules\n"
+            "assert snip_ops.fsdp.enable_low_precision_all_gather and 'torch.distributed.fsdp' in sys.modules\n"
+            "from snip_ops import fsdp\n"
+            "assert fsdp is snip_ops.fsdp\n"
+            "try:\n    snip_ops.no_such_name\nexcept AttributeError as e:\n    assert 'no_such_name' in str(e)\n"
+            "else:\n    sys.exit('no AttributeError')\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
