@@ -4,15 +4,15 @@ refusal without a GPU is tested with the command line (tests/train/test_cli_erro
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench(module: str, *args: str) -> None:
-    subprocess.run([sys.executable, "-m", f"bench.{module}", *args], cwd=ROOT, check=True,
+    warm_python.run([sys.executable, "-m", f"bench.{module}", *args], cwd=ROOT, check=True,
                    capture_output=True, text=True, timeout=600)
 
 

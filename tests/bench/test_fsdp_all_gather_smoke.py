@@ -2,15 +2,15 @@
 writing into a temporary directory, and its table shows the expected savings over BF16 gathers."""
 
 import re
-import subprocess
 import sys
 from pathlib import Path
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_fsdp_all_gather_bench(tmp_path):
-    subprocess.run([sys.executable, "-m", "bench.bench_fsdp_all_gather", "--layers", "1", "--width", "256", "--steps", "1",
+    warm_python.run([sys.executable, "-m", "bench.bench_fsdp_all_gather", "--layers", "1", "--width", "256", "--steps", "1",
                     "--results", str(tmp_path)], cwd=ROOT, check=True, capture_output=True, text=True,
                    timeout=300)
     md = (tmp_path / "cpu-fsdp-all-gather.md").read_text()

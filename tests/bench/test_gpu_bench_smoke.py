@@ -3,7 +3,6 @@ setting: seconds on the CPU, through the same code as a GPU run except the kerne
 none of them rots unseen between GPU runs. Their output goes to a temporary directory."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import torch
 
 from module_exit import exit_message
 from snip_ops import _ext
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_cpu_kernels = pytest.mark.skipif(not _ext.kernel_available("quantize", "cpu"),
@@ -20,7 +20,7 @@ needs_cpu_kernels = pytest.mark.skipif(not _ext.kernel_available("quantize", "cp
 
 def _smoke(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / "result.json"
-    subprocess.run([sys.executable, *args, "--smoke", "--out", str(out)], cwd=ROOT, check=True,
+    warm_python.run([sys.executable, *args, "--smoke", "--out", str(out)], cwd=ROOT, check=True,
                    capture_output=True, text=True, timeout=300)
     result = json.loads(out.read_text())
     assert result["device"] == "cpu (smoke run)"

@@ -3,7 +3,6 @@ and the stubbed path itself: the GEMMs take the sm_90 kernel paths, their launch
 patch is undone afterwards. Outputs go to a temporary directory."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from bench import bench_host
 from module_exit import exit_message
 from snip_ops import LinearPrecision, SnipLinear, _ext, autotune
 from snip_ops import gemm_kernels as gk
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_cpu_quantizer = pytest.mark.skipif(not _ext.kernel_available("quantize", "cpu"),
@@ -23,7 +23,7 @@ needs_cpu_quantizer = pytest.mark.skipif(not _ext.kernel_available("quantize", "
 
 def _run(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / "host.json"
-    subprocess.run([sys.executable, "-m", "bench.bench_host", "--smoke", *args, "--out", str(out)], cwd=ROOT,
+    warm_python.run([sys.executable, "-m", "bench.bench_host", "--smoke", *args, "--out", str(out)], cwd=ROOT,
                    check=True, capture_output=True, text=True, timeout=300)
     result = json.loads(out.read_text())
     assert result["device"] == "cpu (smoke run)" and result["shape"]["tokens"] == bench_host.TOKENS

@@ -3,7 +3,6 @@ preset, one or two calls each), their JSON checked field by field; and the fixed
 bench_step times, on the 1b preset's shapes. Outputs go to a temporary directory."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import torch
 from bench.bench_step import fixed_plan, linear_shapes
 from module_exit import exit_message
 from snip_train.model import Llama
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 PROVENANCE = {"date", "commit", "command", "platform", "cpus", "torch"}
@@ -20,7 +20,7 @@ PROVENANCE = {"date", "commit", "command", "platform", "cpus", "torch"}
 
 def _smoke(tmp_path: Path, module: str) -> dict:
     out = tmp_path / f"{module}.json"
-    subprocess.run([sys.executable, "-m", f"bench.{module}", "--smoke", "--out", str(out)], cwd=ROOT, check=True,
+    warm_python.run([sys.executable, "-m", f"bench.{module}", "--smoke", "--out", str(out)], cwd=ROOT, check=True,
                    capture_output=True, text=True, timeout=300)
     result = json.loads(out.read_text())
     assert result["device"] == "cpu (smoke run)" and PROVENANCE <= set(result)

@@ -3,16 +3,16 @@ cache in a temporary directory (the committed results in bench/results are never
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 STRATEGIES = {"master", "bf16_sr", "bf16_sr_bf16_moments"}
 
 
 def _lr_range(tmp_path: Path) -> dict:
-    subprocess.run([sys.executable, "-m", "bench.bench_optim", "lr-range", "--steps", "2", "--seeds", "2",
+    warm_python.run([sys.executable, "-m", "bench.bench_optim", "lr-range", "--steps", "2", "--seeds", "2",
                     "--lrs", "0.01,1", "--batch-size", "2", "--seq-len", "16", "--workers", "1",
                     "--results", str(tmp_path)],
                    cwd=ROOT, check=True, capture_output=True, text=True, timeout=300,

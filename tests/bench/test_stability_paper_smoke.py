@@ -2,15 +2,15 @@
 seconds-long setting, results written to a temporary directory; a second run trains nothing (resumable)."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench(*args: str) -> str:
-    return subprocess.run([sys.executable, "-m", "bench.bench_stability", *args], cwd=ROOT, check=True,
+    return warm_python.run([sys.executable, "-m", "bench.bench_stability", *args], cwd=ROOT, check=True,
                           capture_output=True, text=True, timeout=600).stdout
 
 

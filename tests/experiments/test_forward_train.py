@@ -4,7 +4,6 @@ gradient it names, the drift price's squared mean is unbiased, and the bench run
 import json
 import math
 import os
-import subprocess
 import sys
 from types import SimpleNamespace
 from pathlib import Path
@@ -17,6 +16,7 @@ from experiments.forward_train import (ROUTES, RouteRun, RoutedError, drift_pric
                                        pair_mean_of_squares)
 from snip_ops import gemm as snip_gemm
 from snip_ops.formats import Rounding, recipe
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,7 +128,7 @@ def test_drift_price_of_a_constant_bias():
 
 def test_study_runs_end_to_end(tmp_path):
     env = {**os.environ, "SNIP_BENCH_CACHE": str(tmp_path / "cache")}
-    subprocess.run([sys.executable, "-m", "experiments.forward_train", "--phases", "2", "--blocks", "1",
+    warm_python.run([sys.executable, "-m", "experiments.forward_train", "--phases", "2", "--blocks", "1",
                     "--seeds", "0,1", "--steps", "2", "--eval-batches", "1", "--price-batches", "2", "--workers", "2",
                     "--results", str(tmp_path)], cwd=ROOT, check=True, capture_output=True, text=True, timeout=600,
                    env=env)
@@ -178,7 +178,7 @@ def test_run_keys_share_the_exact_reference_across_roundings():
 
 def test_study_runs_with_stochastic_forward_rounding_and_chosen_routes(tmp_path):
     env = {**os.environ, "SNIP_BENCH_CACHE": str(tmp_path / "cache")}
-    subprocess.run([sys.executable, "-m", "experiments.forward_train", "--phases", "2", "--blocks", "0",
+    warm_python.run([sys.executable, "-m", "experiments.forward_train", "--phases", "2", "--blocks", "0",
                     "--seeds", "0,1", "--steps", "2", "--eval-batches", "1", "--price-batches", "2", "--routes",
                     "second_moment", "--rounding", "sr", "--price-phases=", "--results", str(tmp_path)], cwd=ROOT,
                    check=True, capture_output=True, text=True, timeout=600, env=env)

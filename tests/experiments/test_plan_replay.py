@@ -5,7 +5,6 @@ seeds only, and the bench runs end to end in seconds."""
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from experiments.plan_replay import (RESEED_SHIFT, ReplayedPlans, changed_plans,
                                      plan_steps)
 from experiments.quality_table import QualityRun
 from snip_ops import SnipLinear
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,7 +73,7 @@ def test_plans_must_come_every_interval():
 
 def test_study_end_to_end_and_a_methods_own_plans_give_its_branch_back(tmp_path):
     env = {**os.environ, "SNIP_BENCH_CACHE": str(tmp_path / "cache")}
-    subprocess.run([sys.executable, "-m", "experiments.plan_replay", "--phase", "2", "--budget", "0.75",
+    warm_python.run([sys.executable, "-m", "experiments.plan_replay", "--phase", "2", "--budget", "0.75",
                     "--seeds", "0,1", "--steps", "2", "--interval", "1", "--eval-batches", "2", "--workers", "2",
                     "--mixes", "snip_ld_gemm+layer_type_gemm,layer_type_gemm+layer_type_gemm",
                     "--changes", "layer_type_gemm:reseed,layer_type_gemm:bwd_fp4", "--results", str(tmp_path)],

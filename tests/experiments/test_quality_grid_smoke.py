@@ -4,21 +4,22 @@ runs beside the summary, --report-only over committed runs, and the numerics gua
 
 import json
 import os
-import subprocess
+from subprocess import CompletedProcess
 import sys
 from pathlib import Path
 
 import pytest
 
 from experiments.results import read_runs
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID = ("--phases", "2", "--steps", "2", "--interval", "1", "--eval-batches", "2")
 
 
-def _quality(tmp_path: Path, *args: str, check: bool = True, cache: str = "cache") -> subprocess.CompletedProcess:
+def _quality(tmp_path: Path, *args: str, check: bool = True, cache: str = "cache") -> CompletedProcess:
     env = {**os.environ, "SNIP_BENCH_CACHE": str(tmp_path / cache)}
-    return subprocess.run([sys.executable, "-m", "experiments.quality", *GRID, *args, "--results", str(tmp_path)],
+    return warm_python.run([sys.executable, "-m", "experiments.quality", *GRID, *args, "--results", str(tmp_path)],
                           cwd=ROOT, check=check, capture_output=True, text=True, timeout=600, env=env)
 
 

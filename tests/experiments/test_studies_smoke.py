@@ -3,7 +3,7 @@ handful of steps, layers and seeds), their caches and results in temporary direc
 
 import json
 import os
-import subprocess
+from subprocess import CompletedProcess
 import sys
 from pathlib import Path
 
@@ -12,13 +12,14 @@ import pytest
 from experiments.results import write_runs
 from snip_ops import SnipLinear, convert
 from snip_train.model import Llama
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _study(tmp_path: Path, study: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def _study(tmp_path: Path, study: str, *args: str, check: bool = True) -> CompletedProcess:
     env = {**os.environ, "SNIP_BENCH_CACHE": str(tmp_path / "cache")}
-    return subprocess.run([sys.executable, "-m", f"experiments.{study}", *args, "--results", str(tmp_path)],
+    return warm_python.run([sys.executable, "-m", f"experiments.{study}", *args, "--results", str(tmp_path)],
                           cwd=ROOT, check=check, capture_output=True, text=True, timeout=600, env=env)
 
 

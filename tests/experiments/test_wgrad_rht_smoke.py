@@ -2,15 +2,15 @@
 committed results in bench/results are never touched)."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_wgrad_rht_smoke(tmp_path):
-    subprocess.run([sys.executable, "-m", "experiments.wgrad_rht", "--smoke", "--results", str(tmp_path)],
+    warm_python.run([sys.executable, "-m", "experiments.wgrad_rht", "--smoke", "--results", str(tmp_path)],
                    cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
     result = json.loads((tmp_path / "cpu-wgrad-rht.json").read_text())
     assert set(result["sqnr_db"]) == {"gaussian", "student_t3", "student_t2", "outlier_tokens", "row_scales", "tiny_model"}
