@@ -112,6 +112,8 @@ class _Quantizer:
 def _gemm(a: Operand, b: Operand, out_dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
     """a . b^T with FP32 accumulation, rounded once to `out_dtype`; with `out` (FP32), added into it: on the
     kernels by the GEMM's epilogue (beta = 1, one rounding), else the FP32 product added."""
+    if out is not None and out.dtype != out_dtype:  # the emulated sum would be rounded to out_dtype first
+        raise ValueError(f"linear: a GEMM into a {out.dtype} tensor must be asked for {out.dtype}, not {out_dtype}")
     if isinstance(a, QTensor) and isinstance(b, QTensor) and a.codes.is_cuda:
         return qgemm(a, b, out_dtype=out_dtype, out=out)
     av = dequantize(a) if isinstance(a, QTensor) else a

@@ -126,6 +126,8 @@ def test_the_wgrad_gemm_writes_the_weights_dtype(dtype, emulate, monkeypatch):
     y.backward(dy)
     assert asked[3:] == [dtype, dtype, ("into", torch.float32)]
     assert torch.equal(into, gemm.wgrad(dy2, x2, r, 7, 3, emulate=emulate))
+    with pytest.raises(ValueError, match="must be asked for torch.float32"):  # no rounding before the addition
+        real_gemm(dy2.t().float(), x2.t().float(), torch.bfloat16, into)
 
 
 def test_sr_offsets_change_gradients_not_forward():
