@@ -21,7 +21,8 @@ in-place operation advances (an optimizer step, `copy_`, `load_state_dict`), at 
 it moved; a write through `.data`, which torch hides from the version counter as from autograd, is not
 seen. A layer given another weight tensor, dtype, device or precision quantizes anew. Memory: the kept
 operands live from a layer's first forward to the context's exit (about 2 bytes per weight element for
-fp8's w and w^T codes, 1 for fp4, plus block scales); backward keeps w^T in any case.
+fp8's w and w^T codes, 1 for fp4, plus block scales; emulated layers keep float32 values); backward keeps
+w^T in any case while a micro-batch's graph lives.
 
 Eager only: under torch.compile the layer raises (a compiled graph would bake the first call's decision
 in). Not for weights that are DTensors (FSDP2, tensor parallelism): FSDP2 gathers the weight anew for
