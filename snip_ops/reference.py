@@ -77,11 +77,24 @@ class QTensor:
         br, bc = block_shape(self.spec, self.shape)
         if br != bc or self.spec.block[0] == 0 or self.scale_layout != "plain":
             raise ValueError(f"only square 2-D blocks can be transposed in place, got block {self.spec.block}")
-        codes = unpack_codes(self).t().contiguous()
         return QTensor(
-            pack_codes(codes, self.spec.element, self.codes.dtype), None if self.scales is None else self.scales.t().contiguous(),
+            _transposed_codes(self), None if self.scales is None else self.scales.t().contiguous(),
             self.spec, (self.shape[1], self.shape[0]), self.tensor_scale,
         )
+
+
+def _transposed_codes(q: QTensor) -> torch.Tensor:
+    """The codes of q's transpose in q's storage dtype, moved as bytes: one transposing copy for 8-bit (and
+    wider) codes; for packed 4-bit ones the nibbles split, transposed and re-paired in uint8. (An FSDP2-gathered
+    weight is transposed so for dgrad at every forward: int64 codes would move 8 bytes per element each way.)"""
+    rows, cols = q.shape
+    if not q.spec.packed:
+        return q.codes[:, :cols].t().contiguous()
+    c = q.codes.view(torch.uint8)
+    nibbles = torch.stack((c & 0xF, c >> 4), dim=2).reshape(rows, 2 * c.shape[1])[:, :cols].t().contiguous()
+    if rows % 2:
+        nibbles = torch.nn.functional.pad(nibbles, (0, 1))
+    return (nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).view(q.codes.dtype)
 
 
 def check_input(x: torch.Tensor, what: str = "x") -> None:

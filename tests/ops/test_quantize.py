@@ -185,11 +185,24 @@ def test_transpose_variant(name):
         assert not torch.equal(ref_t, qt.dequantize())
 
 
-def test_square_blocks_serve_w_and_w_transposed():
-    w = torch.randn(200, 300)
-    for spec in (SPECS["fp8_128x128"], QuantSpec(E2M1, (128, 128))):
-        q = quantize(w, spec)
-        assert torch.equal(q.t().dequantize(), quantize(w, spec, transpose=True).dequantize())
+@pytest.mark.parametrize("quantizer", ["reference", "snip_ops"])
+@pytest.mark.parametrize("shape", [(200, 300), (201, 299), (1, 7), (7, 1), (0, 5), (130, 129)])
+def test_square_blocks_serve_w_and_w_transposed(shape, quantizer):
+    """QTensor.t() moves w's codes (bytes, or nibbles of packed FP4) to those of quantizing w^T, bit for bit,
+    in the same storage dtype, contiguous; odd sizes exercise the packing's padding nibble."""
+    quantize_with = quantize if quantizer == "reference" else snip_ops.quantize
+    w = torch.randn(*shape)
+    for spec in (SPECS["fp8_128x128"], QuantSpec(E5M2, (128, 128)), QuantSpec(E2M1, (128, 128)),
+                 recipe("nvfp4_train").weight, QuantSpec(E2M1, (16, 16), ScaleKind.E8M0)):
+        q, want = quantize_with(w, spec), quantize_with(w, spec, transpose=True)
+        got = q.t()
+        assert got.shape == want.shape and got.codes.dtype == want.codes.dtype and got.codes.is_contiguous()
+        assert torch.equal(got.codes.view(torch.uint8), want.codes.view(torch.uint8)), spec.describe()
+        assert torch.equal(got.scales.float(), want.scales.float()) and got.tensor_scale is q.tensor_scale
+        if spec.element == E2M1:  # stored as torch's packed FP4 dtype, the codes keep it
+            as_fp4 = type(q)(q.codes.view(torch.float4_e2m1fn_x2), q.scales, spec, q.shape, q.tensor_scale)
+            assert as_fp4.t().codes.dtype == torch.float4_e2m1fn_x2
+            assert torch.equal(as_fp4.t().codes.view(torch.uint8), want.codes.view(torch.uint8))
     with pytest.raises(ValueError, match="square"):
         quantize(w, SPECS["fp8_1x128"]).t()
 
