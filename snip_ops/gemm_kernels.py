@@ -86,7 +86,7 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import _ext, autotune, reference
+from . import _ext, autotune
 from .cast import decode
 from .formats import E2M1, E4M3, E5M2, GEMMS, ElementFormat, GemmRecipe, QuantSpec, ScaleKind, recipe
 from .quantize import dequantize
@@ -592,11 +592,14 @@ def _run_sm100(kind: str, a: QTensor, b: QTensor, out_dtype, bias, out) -> torch
 
 
 def _dequant_bf16(q: QTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(BF16 values, FP32 factor to apply after the GEMM) -- exact for `_bf16_exact_operand`."""
+    """(BF16 values, FP32 factor to apply after the GEMM) -- exact for `_bf16_exact_operand`. NVFP4's values
+    without their tensor scale (q * b, exact in BF16) are dequantized with a tensor scale of 1, so that the
+    dequantize kernel does it rather than the reference's int64 code tensors."""
     if q.spec.scale == ScaleKind.NVFP4:
-        bare = QTensor(q.codes, q.scales, q.spec, q.shape, None, q.scale_layout)  # q * b, exact in BF16
-        return reference.dequantize(bare).to(torch.bfloat16), q.tensor_scale.float()
-    return dequantize(q).to(torch.bfloat16), None
+        one = torch.ones((), dtype=torch.float32, device=q.codes.device)
+        bare = QTensor(q.codes, q.scales, q.spec, q.shape, one, q.scale_layout)
+        return dequantize(bare, torch.bfloat16), q.tensor_scale.float()
+    return dequantize(q, torch.bfloat16), None
 
 
 def _run_bf16(a: QTensor, b: QTensor, out_dtype, bias, out) -> torch.Tensor:

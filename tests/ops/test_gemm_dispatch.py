@@ -4,6 +4,7 @@ scales, padding), the C++ ops' argument checks and Meta functions, the tile heur
 paths' numerics, and the SASS of the built kernels (QGMMA on sm_90a, UTC*MMA on sm_100a)."""
 
 import functools
+import importlib
 import os
 import re
 import shutil
@@ -788,3 +789,19 @@ def test_sm100_sass_has_tcgen05_mma(kernel, count):
     assert len(mine) == count, sorted(mine)
     for name, body in mine.items():
         assert re.search(r"\bUTC\w*MMA\b", body), name
+
+
+@pytest.mark.skipif(not _ext.kernel_available("dequantize", "cpu"), reason="snip_ops._C's CPU dequantize not built")
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4_train", "mxfp4", "mxfp8"])
+def test_bf16_exact_operands_come_from_the_dequantize_op(name, monkeypatch):
+    """The bf16_exact path's operand values: NVFP4's without their tensor scale (applied after the GEMM), by the
+    dequantize op with a tensor scale of one, bit for bit the reference's, which is not called."""
+    native = importlib.import_module("snip_ops.quantize")  # the package's `quantize` is the function
+    q = native.quantize(torch.randn(77, 160) * 3, recipe(name).act)
+    bare = reference.QTensor(q.codes, q.scales, q.spec, q.shape, None, q.scale_layout)
+    want = reference.dequantize(bare).to(torch.bfloat16)
+    monkeypatch.setattr(native.reference, "dequantize", lambda *a, **k: pytest.fail("the reference dequantized"))
+    values, factor = gk._dequant_bf16(q)
+    assert values.dtype == torch.bfloat16 and torch.equal(values, want)
+    assert (factor is None) == (q.tensor_scale is None)
+    assert factor is None or torch.equal(factor, q.tensor_scale.float())
