@@ -441,7 +441,7 @@ class _Linear(torch.autograd.Function):
             dw = grads[-1] if need_dw else None
         db = None
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
-            db = dy.float().sum(0).to(ctx.bias_dtype)
+            db = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype)  # FP32 sums, no FP32 copy of dy
         return dx, dw, db, None, None, None, None
 
 

@@ -259,7 +259,7 @@ class _ShardedLinear(torch.autograd.Function):
                     dw = fp32_mm(dytq, xt.t())
                 dw = dw.to(w_dtype)
         if b_dtype is not None and ctx.needs_input_grad[2]:
-            db = dy.float().sum(0).to(b_dtype)
+            db = dy.sum(0, dtype=torch.float32).to(b_dtype)
         return dx, dw, db, None, None, None, None
 
 
