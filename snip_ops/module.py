@@ -22,7 +22,6 @@ from torch import nn
 
 from .formats import LinearPrecision
 from .linear import linear
-from .tensor_parallel import check_shard_blocks, sharded_linear, tp_size, tp_style
 
 __all__ = ["SnipLinear", "convert", "plan_for", "layer_seed", "DEFAULT_EXCLUDE"]
 
@@ -31,6 +30,16 @@ DEFAULT_EXCLUDE = ("lm_head", "*.lm_head", "embed_tokens", "*.embed_tokens", "ou
 
 PrecisionLike = LinearPrecision | str | Mapping[str, str] | None
 PlanLike = PrecisionLike | Mapping[str, PrecisionLike]
+
+
+def _tp_style(weight: torch.Tensor):
+    """`tensor_parallel.tp_style(weight)`. A weight without DTensor's `placements` answers None without importing
+    the tensor-parallel module, and with it DTensor (about half a second of every `import snip_ops`)."""
+    if not hasattr(weight, "placements"):
+        return None
+    from .tensor_parallel import tp_style
+
+    return tp_style(weight)
 
 
 class SnipLinear(nn.Linear):
@@ -82,8 +91,10 @@ class SnipLinear(nn.Linear):
         """Refuse a precision whose scaling blocks a tensor-parallel weight's shards would split. A module
         that torch's parallel styles sharded carries their `distribute_module` mark; FSDP2's sharded
         parameters are DTensors too, but are gathered whole before every forward, so they are left alone."""
-        style = tp_style(self.weight) if getattr(self, "_distribute_module_applied", False) else None
+        style = _tp_style(self.weight) if getattr(self, "_distribute_module_applied", False) else None
         if style is not None:
+            from .tensor_parallel import check_shard_blocks, tp_size
+
             check_shard_blocks(self.name, style, precision, tuple(self.weight.shape), tp_size(self.weight))
 
     def _main_grad(self) -> torch.Tensor | None:
@@ -96,7 +107,7 @@ class SnipLinear(nn.Linear):
                                "weight.main_grad, which is not set; allocate it (a float32 tensor of the weight's "
                                "shape, e.g. torch.zeros_like(weight, dtype=torch.float32)) and zero it where .grad "
                                "would be zeroed")
-        if tp_style(self.weight) is not None:
+        if _tp_style(self.weight) is not None:
             raise NotImplementedError(f"SnipLinear {self.name or ''}: fuse_wgrad_accumulation is not supported on "
                                       "tensor-parallel shards")
         return main_grad
@@ -110,7 +121,9 @@ class SnipLinear(nn.Linear):
         # was seen to read the mutated value (tests/ops/test_compile.py pins the eager semantics).
         offset = self.sr_step + 0
         self.sr_step.add_(1)
-        if tp_style(self.weight) is not None:
+        if _tp_style(self.weight) is not None:
+            from .tensor_parallel import sharded_linear
+
             return sharded_linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset,
                                   emulate=self.emulate, name=self.name)
         return linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset, emulate=self.emulate,

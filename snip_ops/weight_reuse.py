@@ -33,11 +33,11 @@ their shards per call.
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Iterator
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from .formats import LinearPrecision
 from .linear import weight_operands
@@ -78,6 +78,12 @@ class WeightReuse:
         return self._operands
 
 
+def _is_dtensor(t: torch.Tensor) -> bool:
+    """Without importing DTensor: where its module is not loaded, no tensor is one."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
+
+
 @contextlib.contextmanager
 def reuse_quantized_weights(model: nn.Module) -> Iterator[nn.Module]:
     """Within the context, each `SnipLinear` of `model` quantizes its weight once and reuses that quantization
@@ -86,7 +92,7 @@ def reuse_quantized_weights(model: nn.Module) -> Iterator[nn.Module]:
         raise TypeError(f"reuse_quantized_weights expects an nn.Module, got {type(model).__name__}")
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, SnipLinear)]
     for name, m in layers:
-        if isinstance(m.weight, DTensor):
+        if _is_dtensor(m.weight):
             raise ValueError(f"reuse_quantized_weights: the weight of SnipLinear {name!r} is a DTensor (FSDP2 or "
                              "tensor parallelism), whose layers quantize per call; use the context on a model "
                              "whose weights are plain tensors")

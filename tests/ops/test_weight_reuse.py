@@ -202,7 +202,7 @@ def test_bad_uses_are_refused(monkeypatch):
 
 def test_dtensor_weights_are_refused(monkeypatch):
     m = _layer("fp8", emulate=False)
-    monkeypatch.setattr(snip_ops.weight_reuse, "DTensor", nn.Parameter)  # stands in: any weight is "sharded"
+    monkeypatch.setattr(snip_ops.weight_reuse, "_is_dtensor", lambda t: True)  # stands in: any weight is sharded
     with pytest.raises(ValueError, match="DTensor"):
         with reuse_quantized_weights(m):
             pass
