@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -213,6 +214,24 @@ class _Call(NamedTuple):
 _LIB = torch.library.Library("snip", "DEF")
 
 
+def _outside_dynamo(impl):
+    """`impl` with torch.compile's frame hook off while it runs. Only compiled code can have set that hook, and
+    there is none before torch._dynamo is loaded: until then `impl` runs as it is, so that a process that never
+    compiles does not import dynamo (seconds) at its first layer call, as `torch._disable_dynamo` would."""
+    disabled = None
+
+    @functools.wraps(impl)
+    def kernel(*args, **kwargs):
+        nonlocal disabled
+        if "torch._dynamo" not in sys.modules:
+            return impl(*args, **kwargs)
+        if disabled is None:
+            disabled = sys.modules["torch._dynamo"].disable(impl)
+        return disabled(*args, **kwargs)
+
+    return kernel
+
+
 def _register(name: str, impl, fake, schema: str) -> None:
     """Register `impl` (with `fake`, its shape function) as two ops: snip::<name>, and snip::<name>_seeded
     tagged cudagraph_unsafe, which a layer calls where the op's quantizations draw random bits (stochastic
@@ -224,9 +243,9 @@ def _register(name: str, impl, fake, schema: str) -> None:
     that redispatches, an aliasing check of the outputs), most of an op call's overhead: the ops
     are defined with their schema and `impl` is their one kernel, for every device (CompositeExplicitAutograd).
     They have no derivative (`_Linear` is theirs) and are called with gradients off. `impl` runs with
-    torch.compile's frame hook off, as custom_op's kernels do: compiled code that calls the op must not
-    trace its Python."""
-    kernel = torch._disable_dynamo(impl)
+    torch.compile's frame hook off (`_outside_dynamo`), as custom_op's kernels do: compiled code that calls the
+    op must not trace its Python."""
+    kernel = _outside_dynamo(impl)
     for op_name, tags in ((name, ()), (f"{name}_seeded", (torch.Tag.cudagraph_unsafe,))):
         _LIB.define(op_name + schema, tags=tags)
         _LIB.impl(op_name, kernel, "CompositeExplicitAutograd")

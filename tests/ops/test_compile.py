@@ -81,8 +81,9 @@ def test_compiling_before_any_eager_call_runs_the_self_check_eagerly():
 
 def test_constant_mark_is_torchs_and_importing_snip_leaves_dynamo_and_fsdp_out():
     """_ext marks its per-process constants as torch.compiler.assume_constant_result does, without importing
-    torch._dynamo (seconds per process): the mark must stay the one dynamo reads. snip_ops.fsdp, which imports
-    torch's FSDP, loads at its first use."""
+    torch._dynamo (seconds per process): the mark must stay the one dynamo reads; and a layer's ops import it
+    only where it is loaded already (linear._outside_dynamo). snip_ops.fsdp and snip_ops.tensor_parallel,
+    which import torch's FSDP and DTensor, load at their first use."""
     def ours():
         return 1
 
@@ -92,6 +93,10 @@ def test_constant_mark_is_torchs_and_importing_snip_leaves_dynamo_and_fsdp_out()
     assert vars(_ext._constant(ours)) == vars(torch._dynamo.assume_constant_result(torchs)) != {}
     code = ("import sys, snip_ops, snip_train\n"
             "assert 'torch._dynamo' not in sys.modules and 'torch.distributed.fsdp' not in sys.modules\n"
+            "assert 'torch.distributed.tensor' not in sys.modules\n"
+            "snip_ops.SnipLinear(16, 8, precision='fp8')(__import__('torch').randn(4, 16)).sum().backward()\n"
+            "assert 'torch.distributed.tensor' not in sys.modules  # a layer of plain weights needs no DTensor\n"
+            "assert 'torch._dynamo' not in sys.modules  # nor, without compiled code, dynamo\n"
             "assert snip_ops.fsdp.enable_low_precision_all_gather and 'torch.distributed.fsdp' in sys.modules\n"
             "from snip_ops import fsdp\n"
             "assert fsdp is snip_ops.fsdp\n"
