@@ -92,9 +92,7 @@ def _transposed_codes(q: QTensor) -> torch.Tensor:
         return q.codes[:, :cols].t().contiguous()
     c = q.codes.view(torch.uint8)
     nibbles = torch.stack((c & 0xF, c >> 4), dim=2).reshape(rows, 2 * c.shape[1])[:, :cols].t().contiguous()
-    if rows % 2:
-        nibbles = torch.nn.functional.pad(nibbles, (0, 1))
-    return (nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).view(q.codes.dtype)
+    return pack_codes(nibbles, q.spec.element).view(q.codes.dtype)  # uint8 in: no widening there either
 
 
 def check_input(x: torch.Tensor, what: str = "x") -> None:

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 # Imported once by the server; none reads the environment when imported.
@@ -80,9 +82,6 @@ def _started() -> subprocess.Popen:
 
 def _read_line(server: subprocess.Popen, deadline: float | None) -> str:
     """The server's next line; "" if the deadline passes first."""
-    import select
-    import time
-
     while True:
         wait = None if deadline is None else max(0.0, deadline - time.monotonic())
         if select.select([server.stdout], [], [], wait)[0]:
@@ -99,8 +98,6 @@ def run(cmd: list[str], *, cwd=None, env=None, check: bool = False, capture_outp
     if len(cmd) < 3 or cmd[0] != sys.executable or cmd[1] != "-m":
         return subprocess.run(cmd, cwd=cwd, env=env, check=check, capture_output=capture_output, text=text,
                               timeout=timeout)
-    import time
-
     deadline = None if timeout is None else time.monotonic() + timeout
     server = _started()
     with tempfile.TemporaryDirectory() as tmp:

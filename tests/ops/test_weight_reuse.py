@@ -190,11 +190,11 @@ def test_bad_uses_are_refused(monkeypatch):
     m = _layer("fp8", emulate=False)
     with pytest.raises(TypeError, match="nn.Module"):
         with reuse_quantized_weights("model"):
-            pass
+            pass  # not reached: entering the context raises
     with reuse_quantized_weights(m):
         with pytest.raises(RuntimeError, match="already inside"):
             with reuse_quantized_weights(m):
-                pass
+                pass  # not reached: entering the context raises
         monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
         with pytest.raises(RuntimeError, match="eager only"):
             m(_micro_batches(n=1)[0])
@@ -205,7 +205,7 @@ def test_dtensor_weights_are_refused(monkeypatch):
     monkeypatch.setattr(snip_ops.weight_reuse, "_is_dtensor", lambda t: True)  # stands in: any weight is sharded
     with pytest.raises(ValueError, match="DTensor"):
         with reuse_quantized_weights(m):
-            pass
+            pass  # not reached: entering the context raises
 
 
 def test_the_op_checks_the_reused_operand():
