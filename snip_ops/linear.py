@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import _ext
+from . import _ext, philox
 from .formats import GemmRecipe, LinearPrecision, QuantSpec, Rounding
 from .gemm import (emulated_operand, fp32_mm, hadamard_wgrad_operand, operand_offset,
                    transpose_shares_quantization)
@@ -237,7 +237,8 @@ def _register(name: str, impl, fake, schema: str) -> None:
     tagged cudagraph_unsafe, which a layer calls where the op's quantizations draw random bits (stochastic
     rounding, the Hadamard signs). Those bits' offset is read on the host and passed to the kernels at launch;
     a CUDA graph would replay it, every step drawing the first step's bits. With the tag, torch.compile's
-    CUDA-graph mode runs the seeded ops outside its graphs, while the round-to-nearest ops may be captured.
+    CUDA-graph mode runs the seeded ops outside its graphs, while the round-to-nearest ops may be captured. A
+    graph captured by hand around a seeded op is refused with an error (`philox.refuse_capture`).
 
     `torch.library.custom_op` would wrap `impl` in Python layers of its own on every call (an autograd kernel
     that redispatches, an aliasing check of the outputs), most of an op call's overhead: the ops
@@ -246,9 +247,15 @@ def _register(name: str, impl, fake, schema: str) -> None:
     torch.compile's frame hook off (`_outside_dynamo`), as custom_op's kernels do: compiled code that calls the
     op must not trace its Python."""
     kernel = _outside_dynamo(impl)
-    for op_name, tags in ((name, ()), (f"{name}_seeded", (torch.Tag.cudagraph_unsafe,))):
+
+    def seeded_kernel(first, *args, **kwargs):  # the first argument is the op's activation or gradient
+        philox.refuse_capture(first, f"snip::{name} (a layer whose quantizations draw random bits)")
+        return kernel(first, *args, **kwargs)
+
+    for op_name, op_kernel, tags in ((name, kernel, ()),
+                                     (f"{name}_seeded", seeded_kernel, (torch.Tag.cudagraph_unsafe,))):
         _LIB.define(op_name + schema, tags=tags)
-        _LIB.impl(op_name, kernel, "CompositeExplicitAutograd")
+        _LIB.impl(op_name, op_kernel, "CompositeExplicitAutograd")
         torch.library.register_fake(f"snip::{op_name}", fake, lib=_LIB)
 
 

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from . import _ext
+from . import _ext, philox
 from .cast import round_to_format
 from .formats import BF16, Rounding
 from .philox import random_bits
@@ -109,6 +109,14 @@ def _sqrt_rn(x: torch.Tensor) -> torch.Tensor:
     approximation that is off by one ulp for ~1% of inputs; the double square root rounded once
     to float32 is exact (53 >= 2 * 24 + 2 bits make the double rounding innocuous)."""
     return x.double().sqrt().float()
+
+
+def _refuse_capture(p: torch.Tensor) -> None:
+    if philox.capturing(p):
+        raise RuntimeError(
+            "snip_ops.optim.AdamW.step() computes each step's scalars (bias corrections, learning rate) and the "
+            "Philox offsets of its stochastic rounding on the host; a CUDA graph would replay the captured "
+            "step's at every step. Call step() outside the graph.")
 
 
 def _write_back(value: torch.Tensor, dest: torch.Tensor, sr: bool, seed: int, offset: int, index_base: int) -> None:
@@ -275,7 +283,7 @@ class AdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        param_index = -1
+        param_index, checked_capture = -1, False
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             # (step, device, param dtype, state dtype) -> lists for one fused launch
@@ -284,6 +292,9 @@ class AdamW(torch.optim.Optimizer):
                 param_index += 1
                 if p.grad is None:
                     continue
+                if not checked_capture:
+                    _refuse_capture(p)
+                    checked_capture = True
                 if p.grad.is_sparse:
                     raise RuntimeError("snip_ops.optim.AdamW does not support sparse gradients")
                 if p.grad.dtype != p.dtype:

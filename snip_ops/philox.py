@@ -63,6 +63,29 @@ def _block_bits(blocks: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
     return torch.stack((words & 0xFFFF, words >> 16), dim=-1).reshape(*blocks.shape, 8)
 
 
+def stream_capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current CUDA stream (False without a usable GPU)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def capturing(t: torch.Tensor) -> bool:
+    """Whether `t` is a CUDA tensor and a CUDA graph is being captured on the current stream."""
+    return t.is_cuda and stream_capturing()
+
+
+def refuse_capture(t: torch.Tensor, what: str) -> None:
+    """Raise if a CUDA graph is being captured around `what`, work on `t` that draws random bits. The
+    offset (and the seed) reach the kernels as host integers, and torch's reference computes its bits
+    from them on the host's word: a graph would bake in the capture's offset and replay the same bits
+    at every step, silently losing what makes stochastic rounding unbiased over steps."""
+    if capturing(t):
+        raise RuntimeError(
+            f"{what} draws random bits whose Philox offset is a host integer, and a CUDA graph is being "
+            "captured: every replay would draw the captured step's bits again. Run it outside the graph "
+            "(torch.compile's CUDA-graph mode keeps snip's layers that draw bits outside its graphs by "
+            "itself), or use round-to-nearest there.")
+
+
 def random_bits(index: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
     """The SR_BITS-bit random value (int64 in [0, 2^16)) of each element linear index in `index`."""
     _check_seed_offset(seed, offset)

@@ -13,7 +13,9 @@ Input layout: any row stride is read in place; a tensor whose last dimension is 
 a contiguous x, pass x with `transpose=True` instead, which is fused).
 
 The kernels take seed and offset as host integers (int64 op arguments, bit-reinterpreted from
-[0, 2^64)); a CUDA-graph-safe variant would read the offset from a device tensor instead.
+[0, 2^64)). A CUDA graph would replay them, so a quantization that draws random bits refuses to
+run while one is captured (`philox.refuse_capture`); a graph-safe variant would read the offset
+from a device tensor instead.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ def kernel_supports(spec: QuantSpec) -> bool:
 
 def _use_kernel(t: torch.Tensor, spec: QuantSpec, op: str = "quantize") -> bool:
     return kernel_supports(spec) and _ext.kernel_available(op, t.device)
+
+
+def _refuse_capture_sr(x: torch.Tensor, spec: QuantSpec) -> None:
+    if getattr(spec, "rounding", None) == Rounding.SR:
+        philox.refuse_capture(x, f"quantizing to {spec.describe()} with stochastic rounding")
 
 
 def _int64(v: int) -> int:
@@ -103,6 +110,7 @@ def quantize(
     GEMMs read them (`reference.QTensor`), so that the GEMM needs no relayout."""
     reference.check_input(x)
     reference.check_scale_layout(spec, scale_layout)
+    _refuse_capture_sr(x, spec)
     if _use_kernel(x, spec):
         row, col = _kernel_quantize(x, spec, seed, offset, offset, not transpose, transpose, tensor_amax, checked,
                                     scale_layout)
@@ -137,6 +145,7 @@ def quantize_rowcol(
     reference.check_scale_layout(spec, scale_layout)
     if not (rowwise or colwise):
         raise ValueError("quantize_rowcol: request rowwise and/or colwise outputs")
+    _refuse_capture_sr(x, spec)
     offset_t = offset if offset_t is None else offset_t
     if _use_kernel(x, spec):
         return _kernel_quantize(x, spec, seed, offset, offset_t, rowwise, colwise, tensor_amax, checked, scale_layout)
@@ -155,6 +164,7 @@ def quantize_hadamard_t(x: torch.Tensor, spec: QuantSpec, signs: torch.Tensor, *
     covers FP4 elements (the transform exists for NVFP4 training); other elements quantize T x."""
     reference.check_input(x)
     reference.check_scale_layout(spec, scale_layout)
+    philox.refuse_capture(x, "quantize_hadamard_t (a random Hadamard transform's signs)")
     if (signs.numel() == HADAMARD_SIZE and spec.block == (1, HADAMARD_SIZE) and spec.element == E2M1
             and _use_kernel(x, spec)):
         _, col = _kernel_quantize(x, spec, seed, offset, offset, False, True, None, False, scale_layout,
@@ -178,6 +188,7 @@ def fake_quantize(x: torch.Tensor, spec: QuantSpec, *, seed: int = 0, offset: in
                   transpose: bool = False) -> torch.Tensor:
     """`reference.fake_quantize(x, spec, ...)` (float32 values of the quantized x or x^T), bit for bit,
     computed as dequantize(quantize(...)) by the native ops where they exist for the spec and device."""
+    _refuse_capture_sr(x, spec)
     if _use_kernel(x, spec) and _use_kernel(x, spec, "dequantize"):
         return dequantize(quantize(x, spec, seed=seed, offset=offset, transpose=transpose))
     return reference.fake_quantize(x, spec, seed=seed, offset=offset, transpose=transpose)

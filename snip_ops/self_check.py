@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import _ext
+from . import _ext, philox
 
 __all__ = ["configure", "passed", "CHECKS", "GEMM_KERNELS", "quantize_case", "gemm_case"]
 
@@ -43,6 +43,11 @@ def passed(kernel: str, device: torch.device | str) -> bool:
         return True
     key = (kernel, str(device if isinstance(device, torch.device) else torch.device(device)))
     if key not in _results:
+        if torch.device(key[1]).type == "cuda" and philox.stream_capturing():
+            # the check copies its results to the host, which a capture forbids: refused, not failed
+            raise RuntimeError(f"snip checks the {kernel} kernel against its reference at its first use on "
+                               f"{key[1]}, which cannot happen while a CUDA graph is captured: run the work once "
+                               "before capturing it (the warm-up torch.cuda.graph asks for)")
         _results[key] = None
         try:
             # Real tensors and real kernel launches even when asked from inside a trace (a fake impl
