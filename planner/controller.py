@@ -38,8 +38,6 @@ from typing import Callable, Mapping
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
 from snip_ops import SnipLinear, convert
 from snip_ops.module import DEFAULT_EXCLUDE
@@ -48,7 +46,7 @@ from snip_ops.reference import divide_by
 from .baselines import BASELINES, baseline, baseline_objective
 from .cost import Budget
 from .divergence import DivergenceConfig, LogitsFn, PlannedModel, lm_logits, measure
-from .fsdp import OptimizerView, unsharded_for_planning
+from .fsdp import OptimizerView, is_dtensor, is_fsdp_module, unsharded_for_planning
 from .ilp import (DEFAULT_LAMBDA, OBJECTIVE_TERMS, Constraints, assignment_objective, snip_objective, solve,
                   validate_candidates)
 from .plan import Plan
@@ -390,11 +388,11 @@ def _whole_tensor_parallel_layers(model: nn.Module, optimizer: torch.optim.Optim
         with torch.no_grad():
             for mod in model.modules():
                 for name, p in list(mod.named_parameters(recurse=False)):
-                    if isinstance(p, DTensor):
+                    if is_dtensor(p):
                         new_params[p] = nn.Parameter(p.full_tensor().detach(), requires_grad=p.requires_grad)
                         swapped.append((mod, name, p))
                         mod._parameters[name] = new_params[p]
-                if getattr(mod, "_distribute_module_applied", False) or isinstance(mod, FSDPModule):
+                if getattr(mod, "_distribute_module_applied", False) or is_fsdp_module(mod):
                     hooks.append((mod, {d: dict(getattr(mod, d)) for d in _HOOK_DICTS}))
                     for d in _HOOK_DICTS:
                         getattr(mod, d).clear()

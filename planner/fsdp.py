@@ -17,14 +17,25 @@ at the same steps everywhere). The cost is one unsharded copy of the model and o
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Iterator
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
 __all__ = ["OptimizerView", "unsharded_for_planning"]
+
+
+# Looked up in sys.modules, not imported: loading torch's FSDP and DTensor costs most of a second, and
+# where their modules were never loaded no tensor is a DTensor and no module was sharded by FSDP2.
+def is_dtensor(t) -> bool:
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
+
+
+def is_fsdp_module(m: nn.Module) -> bool:
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(m, fsdp.FSDPModule)
 
 
 class OptimizerView:
@@ -42,7 +53,7 @@ def unsharded_for_planning(model: nn.Module, optimizer: torch.optim.Optimizer | 
                            ) -> Iterator[torch.optim.Optimizer | None]:
     """Within: `model`'s FSDP modules unsharded and kept so; yields the optimizer to plan with (an
     `OptimizerView` of `optimizer` for the whole parameters, or `optimizer` itself without FSDP)."""
-    fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    fsdp_modules = [m for m in model.modules() if is_fsdp_module(m)]
     if not fsdp_modules:
         yield optimizer
         return
@@ -74,4 +85,4 @@ def _parameters_by_name(model: nn.Module) -> dict[str, nn.Parameter]:
 
 
 def _whole(value):
-    return value.full_tensor() if isinstance(value, DTensor) else value
+    return value.full_tensor() if is_dtensor(value) else value

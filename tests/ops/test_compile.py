@@ -83,7 +83,7 @@ def test_constant_mark_is_torchs_and_importing_snip_leaves_dynamo_and_fsdp_out()
     """_ext marks its per-process constants as torch.compiler.assume_constant_result does, without importing
     torch._dynamo (seconds per process): the mark must stay the one dynamo reads; and a layer's ops import it
     only where it is loaded already (linear._outside_dynamo). snip_ops.fsdp and snip_ops.tensor_parallel,
-    which import torch's FSDP and DTensor, load at their first use."""
+    which import torch's FSDP and DTensor, load at their first use; the planner never imports them itself."""
     def ours():
         return 1
 
@@ -97,6 +97,9 @@ def test_constant_mark_is_torchs_and_importing_snip_leaves_dynamo_and_fsdp_out()
             "snip_ops.SnipLinear(16, 8, precision='fp8')(__import__('torch').randn(4, 16)).sum().backward()\n"
             "assert 'torch.distributed.tensor' not in sys.modules  # a layer of plain weights needs no DTensor\n"
             "assert 'torch._dynamo' not in sys.modules  # nor, without compiled code, dynamo\n"
+            "import planner.controller, planner.fsdp\n"
+            "with planner.fsdp.unsharded_for_planning(__import__('torch').nn.Linear(2, 2), None):\n    pass\n"
+            "assert 'torch.distributed.tensor' not in sys.modules  # nor the planner, without sharded models\n"
             "assert snip_ops.fsdp.enable_low_precision_all_gather and 'torch.distributed.fsdp' in sys.modules\n"
             "from snip_ops import fsdp\n"
             "assert fsdp is snip_ops.fsdp\n"
