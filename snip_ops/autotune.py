@@ -142,7 +142,8 @@ def current() -> TuningConfig:
 # the 128x128 cooperative tile with CUTLASS's mainloop, which every kind has: the overlapped-promotion
 # mainloop (csrc/gemm/sm90/overlapped_promotion_mainloop.cuh) for the kinds of a linear layer's GEMMs
 # (128x128-blocked B with BF16 out, 1x128 with FP32 out, E4M3 or E5M2 A), and for E4M3 x 128x128 blocks
-# with BF16 output also that mainloop with a 2x1 cluster (B multicast) and the ping-pong 64x128 tile.
+# with BF16 output also that mainloop with a 2x1 cluster (B multicast), the ping-pong 64x128 tile and the
+# 128x192 tile (csrc/gemm/sm90/straddled_b_blocks_mainloop.cuh).
 _OVERLAPPED = "tile=128x128,promotion=overlapped"
 _OVERLAPPED_KINDS = (("fp8_gemm_nt_blockwise", 128, "bfloat16"), ("fp8_gemm_nt_blockwise", 1, "float32"),
                      ("fp8_gemm_nt_blockwise_e5m2", 128, "bfloat16"), ("fp8_gemm_nt_blockwise_e5m2", 1, "float32"))
@@ -154,8 +155,9 @@ def candidates(kind: GemmKind) -> tuple[str, ...]:
     operands are reused in L2 -- and CUTLASS's 128x128 with swizzle 2, which groups the tiles of big grids;
     the 2x1-cluster variant as it is and rastered along M (its cluster already shares B along M); the
     64x128 tile as it is: it wins only grids under about a wave, where order matters little
-    (bench/results/nvidia-h200-gemm-configs.json has both tiles under each order). At most eleven, so a
-    key tunes in a few hundred GEMMs. The sm_100 kernels have one tile configuration each: the tile
+    (bench/results/nvidia-h200-gemm-configs.json has both tiles under each order); the 128x192 tile as it
+    is and rastered along M and along N (no GPU has timed it: its orders are open as 128x128's were). At
+    most fourteen, so a key tunes in a few hundred GEMMs. The sm_100 kernels have one tile configuration each: the tile
     scheduler's order and swizzle, which are arguments, not instantiations."""
     if kind.kernel.endswith("_sm100"):
         return ("", "raster=m", "raster=n", "swizzle=2")
@@ -163,7 +165,8 @@ def candidates(kind: GemmKind) -> tuple[str, ...]:
     if (kind.kernel, kind.b_block, kind.out_dtype) in _OVERLAPPED_KINDS:
         out += [_OVERLAPPED, f"{_OVERLAPPED},raster=m", f"{_OVERLAPPED},raster=n"]
     if (kind.kernel, kind.b_block, kind.out_dtype) == ("fp8_gemm_nt_blockwise", 128, "bfloat16"):
-        out += [f"{_OVERLAPPED},cluster=2x1", f"{_OVERLAPPED},cluster=2x1,raster=m", "tile=64x128"]
+        out += [f"{_OVERLAPPED},cluster=2x1", f"{_OVERLAPPED},cluster=2x1,raster=m", "tile=64x128",
+                "tile=128x192", "tile=128x192,raster=m", "tile=128x192,raster=n"]
     return tuple(out)
 
 

@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/repeat_interleave.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -24,6 +25,7 @@ namespace snip::gemm::sm90 {
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x128;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x128_overlapped;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x128_c2x1_overlapped;
+extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x192;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_64x128;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_f32_128x128;
 extern const Fp8BlockwiseVariant kFp8Variant_b1_bf16_128x128;
@@ -64,7 +66,9 @@ constexpr int64_t kScaleK = 128;
 // into a temporary and casts it -- the same single rounding of the FP32 result. The overlapped-
 // promotion mainloop is compiled for the kinds a linear layer's GEMMs use (128x128 B blocks with
 // BF16 out: fprop and dgrad; 1x128 with FP32 out: wgrad; E4M3 and E5M2 A), for E4M3 fprop/dgrad
-// also with a 2x1 cluster (B multicast), and is chosen only by a config.
+// also with a 2x1 cluster (B multicast), and is chosen only by a config; so is the 128x192 tile for E4M3
+// fprop/dgrad with BF16 out, whose mainloop reads B's block scales repeated per row
+// (sm90/straddled_b_blocks_mainloop.cuh; `per_row_b_scales` makes them).
 const Fp8BlockwiseVariant* const kVariants[] = {
 #if SNIP_HAS_SM90
     &gemm::sm90::kFp8Variant_b128_bf16_128x128,      &gemm::sm90::kFp8Variant_b128_bf16_64x128,
@@ -76,6 +80,7 @@ const Fp8BlockwiseVariant* const kVariants[] = {
     &gemm::sm90::kFp8Variant_b1_f32_128x128_overlapped,
     &gemm::sm90::kFp8Variant_e5m2_b128_bf16_128x128_overlapped,
     &gemm::sm90::kFp8Variant_e5m2_b1_f32_128x128_overlapped,
+    &gemm::sm90::kFp8Variant_b128_bf16_128x192,
 #endif
 #if SNIP_HAS_SM100
     &gemm::sm100::kFp8Variant_sm100_b128_bf16_256x128_2sm,
@@ -217,6 +222,17 @@ int device_arch(std::initializer_list<const at::Tensor*> ts) {
   return arch;
 }
 
+// Whether variant `v` reads B's 128x128-block scales repeated to one per row (its mainloop reads one per
+// 64-column third of its 192-wide tiles: sm90/straddled_b_blocks_mainloop.cuh).
+bool reads_per_row_b_scales(const Fp8BlockwiseVariant* v) {
+#if SNIP_HAS_SM90
+  return v == &gemm::sm90::kFp8Variant_b128_bf16_128x192;
+#else
+  (void)v;
+  return false;
+#endif
+}
+
 struct Choice {
   const Fp8BlockwiseVariant* variant;
   bool via_f32;  // the variant writes FP32 for a BF16 result
@@ -242,9 +258,13 @@ Choice pick_variant(const Kind& kind, int64_t m, int64_t n, int64_t k, const std
         return false;
     return true;
   };
+  // A tile over per-row B scales runs only where a config names it (no GPU timing has placed it yet).
+  auto named = [&](const Fp8BlockwiseVariant* v) {
+    return !reads_per_row_b_scales(v) || (ov.tile_m == v->tile_m && ov.tile_n == v->tile_n);
+  };
   std::vector<const Fp8BlockwiseVariant*> mainloop_vs;
   for (const auto* v : vs)
-    if (v->overlapped_promotion == overlapped &&
+    if (v->overlapped_promotion == overlapped && named(v) &&
         (ov.cluster_m ? v->cluster_m == ov.cluster_m && v->cluster_n == ov.cluster_n : fewest_along_m(v)))
       mainloop_vs.push_back(v);
   TORCH_CHECK(!mainloop_vs.empty(), kOp, "config '", config, "': ",
@@ -274,6 +294,18 @@ Choice pick_variant(const Kind& kind, int64_t m, int64_t n, int64_t k, const std
     args->swizzle = ov.swizzle ? ov.swizzle : choice.swizzle;
   }
   return {v, via_f32};
+}
+
+// B's 128x128-block scales [ceil(K/128), >= ceil(N/128)] repeated to one per row of B,
+// [ceil(K/128), ceil(N/128) * 128] contiguous: what a `reads_per_row_b_scales` variant reads. The same values,
+// so the same bits; a ceil(K/128) x N FP32 copy (1/32 of B's bytes), made per call.
+at::Tensor per_row_b_scales(Fp8BlockwiseArgs* args, const at::Tensor& sfb, int64_t n) {
+  const int64_t blocks = (n + kScaleK - 1) / kScaleK;
+  at::Tensor rows = sfb.narrow(1, 0, blocks).repeat_interleave(kScaleK, 1).contiguous();
+  args->sfb = rows.data_ptr<float>();
+  args->sfb_rows = int(rows.size(1));
+  args->ld_sfb = rows.size(1);
+  return rows;
 }
 
 Fp8BlockwiseArgs make_args(const Problem& p, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
@@ -336,6 +368,8 @@ at::Tensor fp8_gemm_nt_blockwise(const at::Tensor& a, const at::Tensor& sfa, con
   Fp8BlockwiseArgs args = make_args(p, a, sfa, b, sfb);
   const Choice c = pick_variant({arch, p.a, b_block, p.out}, p.m, p.n, p.k, std::string(config), args.sm_count, &args);
   at::Tensor out = at::empty({p.m, p.n}, a.options().dtype(c.via_f32 ? at::kFloat : out_dtype));
+  at::Tensor sfb_rows;  // kept until the launch is queued
+  if (reads_per_row_b_scales(c.variant)) sfb_rows = per_row_b_scales(&args, sfb, p.n);
   args.bias = bias32 ? bias32->data_ptr<float>() : nullptr;
   args.d = out.data_ptr();
   args.ldd = p.n;
@@ -355,6 +389,8 @@ void fp8_gemm_nt_blockwise_acc(const at::Tensor& a, const at::Tensor& sfa, const
   Fp8BlockwiseArgs args = make_args(p, a, sfa, b, sfb);
   const Choice c = pick_variant({arch, p.a, b_block, p.out}, p.m, p.n, p.k, std::string(config), args.sm_count, &args);
   // Without a BF16 instantiation: out + A.B^T in FP32 (as the BF16 epilogue computes it), rounded once.
+  at::Tensor sfb_rows;  // kept until the launch is queued
+  if (reads_per_row_b_scales(c.variant)) sfb_rows = per_row_b_scales(&args, sfb, p.n);
   const at::Tensor target = c.via_f32 ? out.to(at::kFloat).contiguous() : out;
   args.d = target.data_ptr();
   args.ldd = p.m > 1 ? target.stride(0) : p.n;

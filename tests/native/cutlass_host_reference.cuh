@@ -135,6 +135,22 @@ inline snip::gemm::Fp8BlockwiseArgs fp8_blockwise_args(int m, int n, int k, cons
   return args;
 }
 
+// fp8_blockwise_args for a kernel that reads B's 128x128-block scales repeated to one per row of B
+// (the op's per_row_b_scales): the same expansion of the sfb the op receives, kept until the next call.
+inline snip::gemm::Fp8BlockwiseArgs fp8_blockwise_args_per_row_b(int m, int n, int k, const SnipRefOperands& t,
+                                                                  const float* alpha, void* d) {
+  thread_local std::vector<float> rows;
+  snip::gemm::Fp8BlockwiseArgs args = fp8_blockwise_args(m, n, k, t, alpha, d);
+  const int64_t kb = (k + 127) / 128, blocks = (n + 127) / 128;
+  rows.assign(size_t(kb * blocks * 128), 0.0f);
+  for (int64_t i = 0; i < kb; ++i)
+    for (int64_t j = 0; j < blocks * 128; ++j) rows[size_t(i * blocks * 128 + j)] = args.sfb[i * args.ld_sfb + j / 128];
+  args.sfb = rows.data();
+  args.sfb_rows = int(blocks * 128);
+  args.ld_sfb = blocks * 128;
+  return args;
+}
+
 // A scale block read off a blockwise LayoutSFA/LayoutSFB: ((rows per scale, _), (K per scale, _), _).
 template <class Layout>
 std::string scale_block() {
@@ -148,6 +164,15 @@ std::string describe_fp8_blockwise() {
          " sfb_block=" + scale_block<typename Gemm::LayoutSFB>() + " d=" + element_name<typename Gemm::ElementD>();
 }
 
+// What such a kernel computes is the op's: B in 128x128 scale blocks, whatever layout it reads them in.
+template <class Gemm>
+std::string describe_fp8_blockwise_per_row_b() {
+  std::string text = describe_fp8_blockwise<Gemm>();
+  const std::string per_row = "sfb_block=1x128";
+  text.replace(text.find(per_row), per_row.size(), "sfb_block=128x128 sfb_read=per_row");
+  return text;
+}
+
 }  // namespace snip_ref
 
 // A table line for an fp8_gemm_nt_blockwise instantiation: its variant name and its type, spelled as
@@ -157,6 +182,14 @@ std::string describe_fp8_blockwise() {
     name, #__VA_ARGS__, &snip_ref::describe_fp8_blockwise<__VA_ARGS__>,                                     \
         &snip_ref::can_implement<__VA_ARGS__, &snip_ref::fp8_blockwise_args>,                               \
         &snip_ref::gemm<__VA_ARGS__, &snip_ref::fp8_blockwise_args>                                         \
+  }
+
+// The same for an instantiation that reads B's block scales repeated per row (fp8_blockwise_args_per_row_b).
+#define SNIP_REF_FP8_BLOCKWISE_PER_ROW_B(name, ...)                                                         \
+  snip_ref::Variant {                                                                                       \
+    name, #__VA_ARGS__, &snip_ref::describe_fp8_blockwise_per_row_b<__VA_ARGS__>,                           \
+        &snip_ref::can_implement<__VA_ARGS__, &snip_ref::fp8_blockwise_args_per_row_b>,                     \
+        &snip_ref::gemm<__VA_ARGS__, &snip_ref::fp8_blockwise_args_per_row_b>                               \
   }
 
 // Defined by each arch's file: its kernel variants.

@@ -4,6 +4,7 @@ scales, padding), the C++ ops' argument checks and Meta functions, the tile heur
 paths' numerics, and the SASS of the built kernels (QGMMA on sm_90a, UTC*MMA on sm_100a)."""
 
 import functools
+import itertools
 import importlib
 import os
 import re
@@ -658,6 +659,39 @@ def test_sm90_config_overrides():
         cfg(256, 4096, 4096, 128, torch.bfloat16, 132, "", 90, torch.bfloat16)
 
 
+@needs_sm90_op
+def test_sm90_128x192_tile_only_by_name():
+    """The 128x192 tile over per-row B scales (csrc/gemm/sm90/straddled_b_blocks_mainloop.cuh) runs where a config
+    names it, for E4M3 fprop/dgrad with BF16 output; the heuristic, which has no GPU timing of it, never picks it."""
+    cfg = torch.ops.snip_C.fp8_gemm_nt_blockwise_config
+    for config in ("tile=128x192", "128x192", "tile=128x192,raster=n,swizzle=2"):
+        got = cfg(8192, 14336, 4096, 128, torch.bfloat16, 132, config)
+        assert got.startswith("b128_bf16_128x192 tile=128x192 schedule=cooperative") and "promotion" not in got
+    for m, n, k in itertools.product((1, 256, 1000, 8192), (192, 384, 4096, 6144, 14336), (128, 4096)):
+        for config in ("", "raster=m", "promotion=serial"):
+            assert "128x192" not in cfg(m, n, k, 128, torch.bfloat16, 132, config)
+    for args, match in [((1, torch.bfloat16, 132, "tile=128x192"), "tile 128x192 is not compiled for b_block=1"),
+                        ((128, torch.float32, 132, "tile=128x192"), "tile 128x192 is not compiled for b_block=128"),
+                        ((128, torch.bfloat16, 132, "tile=128x192,promotion=overlapped"),
+                         "128x192 with promotion=overlapped is not compiled")]:
+        with pytest.raises(RuntimeError, match=match):
+            cfg(4096, 4096, 4096, *args)
+    with pytest.raises(RuntimeError, match="not compiled"):
+        cfg(4096, 4096, 4096, 128, torch.bfloat16, 132, "tile=128x192", 90, torch.float8_e5m2)
+
+
+@pytest.mark.parametrize("n", [1, 64, 127, 128, 129, 191, 192, 200, 384, 4096, 6143, 14336])
+def test_192_wide_tiles_meet_128_blocks_in_whole_thirds(n):
+    """The straddled-blocks mainloop scales each 64-column third of a 192-wide tile with the per-row scale of the
+    third's first row. Checked here for every tile of N: each column the third covers (inside N) has that row's
+    128-row block, i.e. the scale per_row_b_scales gives it, so the product is the 128x128-block kernels'."""
+    block_of = torch.arange(-(-n // 128) * 128) // 128  # per_row_b_scales: row r takes block r // 128's scale
+    for n0 in range(0, n, 192):
+        for col in range(n0, min(n0 + 192, n)):
+            first = n0 + 64 * ((col - n0) // 64)
+            assert block_of[col] == block_of[first], (n, n0, col)
+
+
 def _sm100_args(kind, m=16, n=24, k=256):
     a, b = _operands(kind, m, n, k)
     ca, sfa, cb, sfb, alpha, _ = gk.prepare_sm100(kind, a, b)
@@ -750,14 +784,30 @@ def _sass_functions(arch: str) -> dict[str, str]:
 
 
 @needs_sm90_op
-@pytest.mark.parametrize("kernel, count, mma", [("fp8_gemm_nt_blockwise", 8, "E4M3.E4M3"),
+@pytest.mark.parametrize("kernel, count, mma", [("fp8_gemm_nt_blockwise", 9, "E4M3.E4M3"),
                                                 ("fp8_gemm_nt_blockwise_e5m2", 5, "E5M2.E4M3")])
 def test_sm90_sass_has_qgmma(kernel, count, mma):
     funcs = {n: b for n, b in _sass_functions("sm_90a").items() if f"{kernel}_kernel" in n}
     assert len(funcs) == count, sorted(funcs)  # one per compiled instantiation
     for name, body in funcs.items():
-        assert re.search(rf"\bQGMMA\.64x128x32\.F32\.{mma}\b", body), name
+        width = 192 if "StraddledBBlocksMainloop" in name else 128
+        assert re.search(rf"\bQGMMA\.64x{width}x32\.F32\.{mma}\b", body), name
         assert not re.search(r"\b(STL|LDL)\b", body), f"register spills in {name}"
+
+
+@needs_sm90_op
+def test_sm90_sass_straddled_b_blocks_promotion():
+    """The 128x192 kernel's K-tile loop (csrc/gemm/sm90/straddled_b_blocks_mainloop.cuh), in the binary: four
+    m64n192k32 wgmmas per warpgroup, then its scales read from shared memory -- two of A (the thread's rows) and
+    three of B (the tile's thirds) -- six products (2 rows x 3 thirds) and one FFMA per accumulator element of a
+    64x192 warpgroup tile (96 per thread); CUTLASS's per-row promotion would take two multiplies per element."""
+    funcs = {n: b for n, b in _sass_functions("sm_90a").items() if "StraddledBBlocksMainloop" in n}
+    assert len(funcs) == 1, sorted(funcs)
+    body = next(iter(funcs.values()))
+    # from the wgmmas' issue to the stage's release back to the producer
+    loop = body.split("WARPGROUP.ARRIVE", 1)[1].split("SYNCS.ARRIVE", 1)[0]
+    count = {op: len(re.findall(rf"\b{op}\b", loop)) for op in ("QGMMA", "LDS", "FMUL", "FFMA")}
+    assert count == {"QGMMA": 4, "LDS": 5, "FMUL": 6, "FFMA": 96}, count
 
 
 @needs_sm90_op

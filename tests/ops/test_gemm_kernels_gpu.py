@@ -136,11 +136,12 @@ def configs(b_block, out_dtype, e5m2=False):
     if (b_block, out_dtype) in ((128, torch.bfloat16), (1, torch.float32)):
         tiles.append(OVERLAPPED)
     if b_block == 128 and out_dtype == torch.bfloat16 and not e5m2:
-        tiles.append(OVERLAPPED + ",cluster=2x1")
+        tiles += [OVERLAPPED + ",cluster=2x1", WIDE]
     return tiles
 
 
 OVERLAPPED = "tile=128x128,promotion=overlapped"
+WIDE = "tile=128x192"  # csrc/gemm/sm90/straddled_b_blocks_mainloop.cuh
 
 
 # ---- Hopper FP8 ---------------------------------------------------------------------------------
@@ -332,6 +333,31 @@ def test_sm90_overlapped_promotion_gives_the_serial_bits(name, gemm_kind, out_dt
         gk.qgemm(a, b, out=want, path="sm90_fp8", config="promotion=serial")
         gk.qgemm(a, b, out=got, path="sm90_fp8", config=OVERLAPPED)
         assert torch.equal(got, want)
+
+
+@needs_sm90
+@pytest.mark.parametrize("name, gemm_kind", [("fp8", "fprop"), ("fp8", "dgrad"), ("fp4", "fprop")])
+@pytest.mark.parametrize("m, n, k", [(200, 264, 1040), (33, 72, 4096), (2048, 2176, 640), (129, 448, 128),
+                                     (1000, 384, 256), (4096, 4096, 512), (300, 14336, 384)])
+def test_sm90_128x192_gives_the_128x128_bits(name, gemm_kind, m, n, k):
+    # The 128x192 tile (its B block scales repeated per row by the op, one read per 64-column third) against
+    # the 128x128 kernel, bit for bit: N below, at and between multiples of 192 and 128 (a tile starting
+    # inside a weight block, a last tile cut by N), one and many K tiles, more tiles than SMs, bias, and
+    # accumulation into `out`.
+    a, b = operands(name, m, n, k, gemm_kind)
+    want = gk.qgemm(a, b, path=f"sm90_{name}", config="tile=128x128")
+    for config in (WIDE, WIDE + ",raster=n", WIDE + ",raster=m,swizzle=2"):
+        got = gk.qgemm(a, b, path=f"sm90_{name}", config=config)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), config
+    bias = torch.randn(n, device="cuda")
+    want = gk.qgemm(a, b, bias=bias, path=f"sm90_{name}", config="tile=128x128")
+    got = gk.qgemm(a, b, bias=bias, path=f"sm90_{name}", config=WIDE)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    want = torch.randn(m, n, device="cuda").to(torch.bfloat16)
+    got = want.clone()
+    gk.qgemm(a, b, out=want, path=f"sm90_{name}", config="tile=128x128")
+    gk.qgemm(a, b, out=got, path=f"sm90_{name}", config=WIDE)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
 @needs_sm90

@@ -1,0 +1,185 @@
+// Hopper blockwise-FP8 mainloop for B tiles wider than a 128x128 weight scale block.
+//
+// A 128x192 output tile feeds the tensor cores more multiplies per byte of shared memory read than
+// 128x128 (one m64n192k32 wgmma per warpgroup and k32 step instead of m64n128k32), and 192 is the
+// widest N whose two accumulator sets (the per-K-tile partial and the promoted sum, 96 + 96 registers
+// per thread) fit the 232 registers a consumer warpgroup gets. Its columns straddle B's 128x128 scale
+// blocks, which CUTLASS 4.2's mainloop cannot express: it takes one B scale per tile or one per row.
+//
+// This mainloop runs on the per-row form: the op hands it B's 128x128-block scales repeated to one
+// scale per row of B (the same values), which CUTLASS's producer loads unchanged (192 scales per K
+// tile into shared memory). A tile starts at a multiple of 192 = 3 x 64 columns and blocks at
+// multiples of 128, so each 64-column third of a tile lies inside one block: the consumer reads only
+// the scales of rows 0, 64 and 128 of the tile, and promotes each accumulator element with
+//
+//     accum += partial * (SFA[m] * SFB[third of n])
+//
+// one FMUL per distinct (row, third) pair and one FFMA per element, the expression and order of
+// CUTLASS's 128x128-block mainloop (whose scale is SFA[m] * SFB[block], then one FFMA): the same bits
+// as the 128x128 kernels for every output (snip_ops/autotune.py compares them before timing one).
+// CUTLASS's own per-row promotion, (partial * SFA[m]) * SFB[n], would round differently, and holding a
+// per-row scale per accumulator column would cost another 48 registers per thread.
+//
+// Serial promotion, as CUTLASS's: a K tile's wgmmas are issued, the scale products computed while they
+// run, then the warpgroup waits for them and promotes (the overlapped mainloop's second partial does
+// not fit at this width). The producer side, shared storage, arguments and mma_tail() are the base's.
+//
+// Below the mainloop, its one tile configuration, Fp8Cooperative128x192StraddledBBlocks: a kernel of
+// its own around fp8_gemm_nt_blockwise.cuh's 1x128-B configuration, whose header it leaves untouched.
+#pragma once
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+
+#include "gemm/sm90/fp8_gemm_nt_blockwise.cuh"
+
+namespace snip::gemm::sm90 {
+
+template <class Base>
+struct StraddledBBlocksMainloop : Base {
+  using typename Base::DispatchPolicy;
+  using typename Base::ElementBlockScale;
+  using typename Base::MainloopPipeline;
+  using typename Base::Params;
+  using typename Base::PipelineState;
+  using typename Base::SmemLayoutA;
+  using typename Base::SmemLayoutB;
+  using typename Base::SmemLayoutSFA;
+  using typename Base::SmemLayoutSFB;
+  using typename Base::TensorStorage;
+  using typename Base::TileShape;
+  using typename Base::TiledMma;
+
+  static constexpr int kThird = 64;  // the column granularity at which a 192-wide tile meets 128-row blocks
+  static constexpr int kBlockRows = 128;
+  static_assert(cute::size<1>(TileShape{}) % kThird == 0 && kBlockRows % kThird == 0,
+                "every 64-column group of a tile must lie inside one 128-row block of B");
+  static constexpr int kThirds = cute::size<1>(TileShape{}) / kThird;
+  static_assert(Base::ScalePromotionInterval == 4, "the K tile must be one 128-wide scale block");
+  static_assert(Base::ScaleMsPerTile == cute::size<0>(TileShape{}), "A has one scale per row (1x128 blocks)");
+  static_assert(Base::ScaleNsPerTile == cute::size<1>(TileShape{}),
+                "B's scales reach shared memory one per row (the 128x128-block scales repeated per row)");
+  static_assert(cute::size(cute::filter_zeros(typename Base::SmemLayoutAtomSFB{})) == cute::size<1>(TileShape{}),
+                "one K tile's B scales are the tile's rows, contiguous");
+
+  template <class FrgTensorC>
+  CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum,
+                          int k_tile_count, int thread_idx, TensorStorage& shared_tensors, Params const&) {
+    using namespace cute;
+    static_assert(is_rmem<FrgTensorC>::value, "the accumulator must be in registers");
+    constexpr int kStages = DispatchPolicy::Stages;
+
+    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});  // (BLK_M,BLK_K,PIPE)
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});  // (BLK_N,BLK_K,PIPE)
+    // A's scales as a (BLK_M, BLK_N, (BLK_K, PIPE)) tensor broadcast along N, as CUTLASS's mainloop sees
+    // them; B's as the same shape reading, for every column, the scale of the first row of its 64-column
+    // third (stride 0 within a third, 64 between thirds, one tile's rows per stage).
+    Tensor sSFA = make_tensor(make_smem_ptr(shared_tensors.smem_SFA.data()),
+                              make_layout(make_shape(get<0>(shape(SmemLayoutSFA{})), get<1>(TileShape{}),
+                                                     make_shape(get<1>(shape(SmemLayoutSFA{})),
+                                                                get<2>(shape(SmemLayoutSFA{})))),
+                                          make_stride(get<0>(stride(SmemLayoutSFA{})), _0{},
+                                                      make_stride(get<1>(stride(SmemLayoutSFA{})),
+                                                                  get<2>(stride(SmemLayoutSFA{}))))));
+    Tensor sSFB = make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()),
+                              make_layout(make_shape(get<0>(TileShape{}), make_shape(Int<kThird>{}, Int<kThirds>{}),
+                                                     make_shape(_1{}, Int<kStages>{})),
+                                          make_stride(_0{}, make_stride(_0{}, Int<kThird>{}),
+                                                      make_stride(_0{}, get<2>(stride(SmemLayoutSFB{}))))));
+
+    constexpr int kMmaWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
+    const Layout warp_group_thread_layout = make_layout(Int<kMmaWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
+    const int warp_group_idx = __shfl_sync(0xFFFFFFFF, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
+    TiledMma tiled_mma;
+    auto thread_mma = tiled_mma.get_slice(warp_group_thread_layout(warp_group_idx));
+
+    Tensor tCsSFA = tiled_mma.get_slice(thread_idx).partition_C(sSFA);  // (MMA,MMA_M,MMA_N,(MMA_K,PIPE))
+    Tensor tCsSFB = tiled_mma.get_slice(thread_idx).partition_C(sSFB);  // (MMA,MMA_M,MMA_N,(MMA_K,PIPE))
+    Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA,MMA_M,MMA_K,PIPE)
+    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA,MMA_N,MMA_K,PIPE)
+    CUTE_STATIC_ASSERT_V(size<1>(tCrA) == size<1>(accum));
+    CUTE_STATIC_ASSERT_V(size<1>(tCrB) == size<2>(accum));
+    CUTE_STATIC_ASSERT_V(Int<kStages>{} == size<2>(sA));
+
+    Tensor partial = make_fragment_like(accum);
+    clear(accum);  // +0, as CUTLASS's first promotion adds to
+    warpgroup_fence_operand(accum);
+    // The register copies keep the views' stride-0 modes: a thread holds its rows' A scales and its
+    // columns' thirds' B scales once each.
+    Tensor tCrSFA = make_tensor_like<ElementBlockScale>(tCsSFA(_, _, _, _0{}));
+    Tensor tCrSFB = make_tensor_like<ElementBlockScale>(tCsSFB(_, _, _, _0{}));
+
+    auto barrier_token = pipeline.consumer_try_wait(smem_pipe_read);
+    PipelineState smem_pipe_release = smem_pipe_read;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int k_tile = 0; k_tile < k_tile_count; ++k_tile) {
+      pipeline.consumer_wait(smem_pipe_read, barrier_token);
+      const int stage = smem_pipe_read.index();
+
+      // K tile `stage`'s wgmmas into `partial`, from zero.
+      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+      warpgroup_fence_operand(partial);
+      warpgroup_arrive();
+      CUTLASS_PRAGMA_UNROLL
+      for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
+        cute::gemm(tiled_mma, tCrA(_, _, k_block, stage), tCrB(_, _, k_block, stage), partial);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      warpgroup_fence_operand(partial);
+
+      // The stage's scales, read while the wgmmas run.
+      copy(tCsSFA(_, _, _, make_coord(_0{}, stage)), tCrSFA);
+      copy(tCsSFB(_, _, _, make_coord(_0{}, stage)), tCrSFB);
+
+      warpgroup_wait<0>();
+      ++smem_pipe_read;
+      barrier_token = pipeline.consumer_try_wait(smem_pipe_read);
+      warpgroup_fence_operand(partial);
+      // The product is formed first and rounded, as CUTLASS's 128x128-block promotion forms it; identical
+      // products of a (row, third) pair are one FMUL after unrolling.
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); ++i) accum(i) += partial(i) * (tCrSFA(i) * tCrSFB(i));
+      warpgroup_fence_operand(accum);
+
+      // Every stage but the last goes back to the producer here; the kernel's mma_tail() releases the last.
+      if (k_tile + 1 < k_tile_count) {
+        pipeline.consumer_release(smem_pipe_release);
+        ++smem_pipe_release;
+      }
+    }
+  }
+};
+
+// 128x192x128, 2 consumer warpgroups (64x192 each), cluster 1x2, for 128x128-block B (fprop, dgrad): the
+// 1x128-B configuration of that tile (its producer, scale layout, epilogue and arguments: B's block scales
+// arrive repeated per row, and A's then load with cp.async as in the 1x128-B kernels) with the mainloop
+// above in place of CUTLASS's.
+template <class ElementA, class ElementD>
+struct Fp8Cooperative128x192StraddledBBlocks
+    : Fp8GemmNtBlockwise<ElementA, 1, ElementD, Shape<_128, _192, _128>, Shape<_1, _2, _1>,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise,
+                         cutlass::epilogue::TmaWarpSpecializedCooperative> {
+  using PerRow = Fp8GemmNtBlockwise<ElementA, 1, ElementD, Shape<_128, _192, _128>, Shape<_1, _2, _1>,
+                                    cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise,
+                                    cutlass::epilogue::TmaWarpSpecializedCooperative>;
+  using Self = Fp8Cooperative128x192StraddledBBlocks;
+  using CollectiveMainloop = StraddledBBlocksMainloop<typename PerRow::BuiltMainloop>;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                          typename PerRow::CollectiveEpilogue>;
+
+  static typename GemmKernel::Arguments arguments(const Fp8BlockwiseArgs& p) { return fp8_blockwise_arguments<Self>(p); }
+  static size_t workspace_size(const Fp8BlockwiseArgs& p) { return GemmKernel::get_workspace_size(arguments(p)); }
+  static void const* entry() {
+    if constexpr (cute::is_same_v<ElementA, cutlass::float_e5m2_t>)
+      return reinterpret_cast<void const*>(&fp8_gemm_nt_blockwise_e5m2_kernel<GemmKernel>);
+    else
+      return reinterpret_cast<void const*>(&fp8_gemm_nt_blockwise_kernel<GemmKernel>);
+  }
+  static LaunchResult run(const Fp8BlockwiseArgs& p, void* workspace, cudaStream_t stream) {
+    return run_gemm_kernel<GemmKernel>(arguments(p), entry(), workspace, stream);
+  }
+};
+
+}  // namespace snip::gemm::sm90
