@@ -118,8 +118,9 @@ def run(args) -> dict:
             m, n, k = gemm_dims(g, M, N, K)
             row = dict(shape=label, gemm=g, m=m, n=n, k=k)
 
-            def add(target, fmt, ms, impl):
-                target.append(dict(row, format=fmt, ms=ms, time=ms * 1e-3, tflops=tflops(m, n, k, ms), impl=impl))
+            def add(target, fmt, ms, impl, **extra):
+                target.append(dict(row, format=fmt, ms=ms, time=ms * 1e-3, tflops=tflops(m, n, k, ms), impl=impl,
+                                   **extra))
                 print(f"{label:>20} {g:5} m={m:5} n={n:5} k={k:5} {fmt:26} {ms:8.3f} ms {tflops(m, n, k, ms):7.1f} TFLOPS", flush=True)
 
             gen = torch.Generator(device=dev).manual_seed(0)
@@ -148,17 +149,24 @@ def run(args) -> dict:
                     add(baselines, "fp8_wgrad_bf16", timer(lambda: op(ca, sfa, cb, sfb, bb, torch.bfloat16)),
                         "snip CUTLASS sm90: wgrad with BF16 output (the layer's, for BF16 weights)")
                     del grad
-                if args.configs:  # the autotuner's candidates, so that its committed table comes from this file
-                    kind = autotune.GemmKind("fp8_gemm_nt_blockwise", bb, str(out_dtype).removeprefix("torch."), False)
-                    reference = op(ca, sfa, cb, sfb, bb, out_dtype)
+                # The autotuner's candidates, so that its committed table comes from this file; wgrad's also
+                # with BF16 output, which the layer's wgrad writes for BF16 weights (the heuristic's time for
+                # it is fp8_wgrad_bf16 above).
+                for cfg_dtype in (out_dtype, torch.bfloat16) if g == "wgrad" else (out_dtype,):
+                    if not args.configs:
+                        break
+                    dtype_name = str(cfg_dtype).removeprefix("torch.")
+                    kind = autotune.GemmKind("fp8_gemm_nt_blockwise", bb, dtype_name, False)
+                    reference = op(ca, sfa, cb, sfb, bb, cfg_dtype)
                     for cfg in filter(None, autotune.candidates(kind)):
                         # as the autotuner: a config whose output differs from the heuristic's is a kernel
                         # bug, recorded and never timed, so that no table can choose it
-                        if not autotune.same_bits(op(ca, sfa, cb, sfb, bb, out_dtype, None, cfg), reference):
-                            mismatches.append(dict(row, config=cfg))
+                        if not autotune.same_bits(op(ca, sfa, cb, sfb, bb, cfg_dtype, None, cfg), reference):
+                            mismatches.append(dict(row, config=cfg, out_dtype=dtype_name))
                             print(f"bench_gemm: config {cfg} differs from the heuristic's output on {row}", file=sys.stderr)
                             continue
-                        add(configs, f"fp8[{cfg}]", timer(lambda c=cfg: op(ca, sfa, cb, sfb, bb, out_dtype, None, c)), cfg)
+                        add(configs, f"fp8[{cfg}]", timer(lambda c=cfg, d=cfg_dtype: op(ca, sfa, cb, sfb, bb, d, None, c)),
+                            cfg, out_dtype=dtype_name)
                     del reference
                 del ca, sfa, cb, sfb
                 # fp8_e5m2grad: its dgrad and wgrad multiply E5M2 gradients (kernels of their own), fprop as fp8

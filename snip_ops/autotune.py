@@ -45,6 +45,7 @@ committed table is made from, applies the same test.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import math
@@ -142,8 +143,9 @@ def current() -> TuningConfig:
 # the 128x128 cooperative tile with CUTLASS's mainloop, which every kind has: the overlapped-promotion
 # mainloop (csrc/gemm/sm90/overlapped_promotion_mainloop.cuh) for the kinds of a linear layer's GEMMs
 # (128x128-blocked B with BF16 out, 1x128 with FP32 out, E4M3 or E5M2 A), and for E4M3 x 128x128 blocks
-# with BF16 output also that mainloop with a 2x1 cluster (B multicast), the ping-pong 64x128 tile and the
-# 128x192 tile (csrc/gemm/sm90/straddled_b_blocks_mainloop.cuh).
+# with BF16 output also that mainloop with a 2x1 cluster (B multicast) and the ping-pong 64x128 tile; and
+# the 128x192 tile (csrc/gemm/sm90/wide_tile_mainloop.cuh) for E4M3 with BF16 output, B in 128x128 or
+# 1x128 blocks.
 _OVERLAPPED = "tile=128x128,promotion=overlapped"
 _OVERLAPPED_KINDS = (("fp8_gemm_nt_blockwise", 128, "bfloat16"), ("fp8_gemm_nt_blockwise", 1, "float32"),
                      ("fp8_gemm_nt_blockwise_e5m2", 128, "bfloat16"), ("fp8_gemm_nt_blockwise_e5m2", 1, "float32"))
@@ -165,8 +167,9 @@ def candidates(kind: GemmKind) -> tuple[str, ...]:
     if (kind.kernel, kind.b_block, kind.out_dtype) in _OVERLAPPED_KINDS:
         out += [_OVERLAPPED, f"{_OVERLAPPED},raster=m", f"{_OVERLAPPED},raster=n"]
     if (kind.kernel, kind.b_block, kind.out_dtype) == ("fp8_gemm_nt_blockwise", 128, "bfloat16"):
-        out += [f"{_OVERLAPPED},cluster=2x1", f"{_OVERLAPPED},cluster=2x1,raster=m", "tile=64x128",
-                "tile=128x192", "tile=128x192,raster=m", "tile=128x192,raster=n"]
+        out += [f"{_OVERLAPPED},cluster=2x1", f"{_OVERLAPPED},cluster=2x1,raster=m", "tile=64x128"]
+    if kind.kernel == "fp8_gemm_nt_blockwise" and kind.out_dtype == "bfloat16":
+        out += ["tile=128x192", "tile=128x192,raster=m", "tile=128x192,raster=n"]
     return tuple(out)
 
 
@@ -304,10 +307,12 @@ def table_lookup(key: TuningKey) -> str:
 
 
 # How bench_gemm (bench/bench_gemm.py) runs each of a layer's GEMMs with --configs: E4M3 operands, B blocks
-# and output dtype per GEMM, no accumulation.
+# and output dtype per GEMM (a config row's own `out_dtype` where it has one), no accumulation; the
+# heuristic's times are its "fp8" entries, and for wgrad with BF16 output its "fp8_wgrad_bf16" baselines.
 _BENCH_KINDS = {"fprop": GemmKind("fp8_gemm_nt_blockwise", 128, "bfloat16", False),
                 "dgrad": GemmKind("fp8_gemm_nt_blockwise", 128, "bfloat16", False),
                 "wgrad": GemmKind("fp8_gemm_nt_blockwise", 1, "float32", False)}
+_BENCH_HEURISTIC = {"fp8": None, "fp8_wgrad_bf16": "bfloat16"}  # format -> its output dtype (None: the kind's)
 
 
 def table_from_bench(results: dict, source: str = "") -> dict:
@@ -316,10 +321,13 @@ def table_from_bench(results: dict, source: str = "") -> dict:
     ""). Rows of one kind and shape pool: fprop and dgrad run the same kernel, and a square layer's GEMM
     can also be a Llama layer's."""
     times: dict[tuple, dict[str, list[float]]] = {}
-    rows = [(r, r["impl"]) for r in results.get("configs", [])]
-    rows += [(r, "") for r in results.get("entries", []) if r.get("format") == "fp8"]
-    for r, config in rows:
+    rows = [(r, r["impl"], r.get("out_dtype")) for r in results.get("configs", [])]
+    rows += [(r, "", _BENCH_HEURISTIC[r["format"]]) for r in results.get("entries", []) + results.get("baselines", [])
+             if r.get("format") in _BENCH_HEURISTIC]
+    for r, config, out_dtype in rows:
         kind = _BENCH_KINDS.get(r["gemm"])
+        if kind is not None and out_dtype is not None:
+            kind = dataclasses.replace(kind, out_dtype=out_dtype)
         if kind is None or config not in candidates(kind):
             continue
         shape = (kind.kernel, kind.b_block, kind.out_dtype, r["m"], r["n"], r["k"])

@@ -26,6 +26,7 @@ extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x128;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x128_overlapped;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x128_c2x1_overlapped;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x192;
+extern const Fp8BlockwiseVariant kFp8Variant_b1_bf16_128x192;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_64x128;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_f32_128x128;
 extern const Fp8BlockwiseVariant kFp8Variant_b1_bf16_128x128;
@@ -66,9 +67,9 @@ constexpr int64_t kScaleK = 128;
 // into a temporary and casts it -- the same single rounding of the FP32 result. The overlapped-
 // promotion mainloop is compiled for the kinds a linear layer's GEMMs use (128x128 B blocks with
 // BF16 out: fprop and dgrad; 1x128 with FP32 out: wgrad; E4M3 and E5M2 A), for E4M3 fprop/dgrad
-// also with a 2x1 cluster (B multicast), and is chosen only by a config; so is the 128x192 tile for E4M3
-// fprop/dgrad with BF16 out, whose mainloop reads B's block scales repeated per row
-// (sm90/straddled_b_blocks_mainloop.cuh; `per_row_b_scales` makes them).
+// also with a 2x1 cluster (B multicast), and is chosen only by a config; so is the 128x192 tile
+// (sm90/wide_tile_mainloop.cuh) for E4M3 with BF16 out, fprop/dgrad (whose mainloop reads B's block scales
+// repeated per row: `per_row_b_scales`) and wgrad.
 const Fp8BlockwiseVariant* const kVariants[] = {
 #if SNIP_HAS_SM90
     &gemm::sm90::kFp8Variant_b128_bf16_128x128,      &gemm::sm90::kFp8Variant_b128_bf16_64x128,
@@ -80,7 +81,7 @@ const Fp8BlockwiseVariant* const kVariants[] = {
     &gemm::sm90::kFp8Variant_b1_f32_128x128_overlapped,
     &gemm::sm90::kFp8Variant_e5m2_b128_bf16_128x128_overlapped,
     &gemm::sm90::kFp8Variant_e5m2_b1_f32_128x128_overlapped,
-    &gemm::sm90::kFp8Variant_b128_bf16_128x192,
+    &gemm::sm90::kFp8Variant_b128_bf16_128x192,  &gemm::sm90::kFp8Variant_b1_bf16_128x192,
 #endif
 #if SNIP_HAS_SM100
     &gemm::sm100::kFp8Variant_sm100_b128_bf16_256x128_2sm,
@@ -223,7 +224,7 @@ int device_arch(std::initializer_list<const at::Tensor*> ts) {
 }
 
 // Whether variant `v` reads B's 128x128-block scales repeated to one per row (its mainloop reads one per
-// 64-column third of its 192-wide tiles: sm90/straddled_b_blocks_mainloop.cuh).
+// 64-column third of its 192-wide tiles: sm90/wide_tile_mainloop.cuh).
 bool reads_per_row_b_scales(const Fp8BlockwiseVariant* v) {
 #if SNIP_HAS_SM90
   return v == &gemm::sm90::kFp8Variant_b128_bf16_128x192;
@@ -232,6 +233,10 @@ bool reads_per_row_b_scales(const Fp8BlockwiseVariant* v) {
   return false;
 #endif
 }
+
+// Whether variant `v` runs only where a config names its tile: the 128x192 tiles, which no GPU has timed,
+// so that neither the heuristic nor a committed table can place them.
+bool chosen_by_name_only(const Fp8BlockwiseVariant* v) { return v->arch == 90 && v->tile_n == 192; }
 
 struct Choice {
   const Fp8BlockwiseVariant* variant;
@@ -258,9 +263,8 @@ Choice pick_variant(const Kind& kind, int64_t m, int64_t n, int64_t k, const std
         return false;
     return true;
   };
-  // A tile over per-row B scales runs only where a config names it (no GPU timing has placed it yet).
   auto named = [&](const Fp8BlockwiseVariant* v) {
-    return !reads_per_row_b_scales(v) || (ov.tile_m == v->tile_m && ov.tile_n == v->tile_n);
+    return !chosen_by_name_only(v) || (ov.tile_m == v->tile_m && ov.tile_n == v->tile_n);
   };
   std::vector<const Fp8BlockwiseVariant*> mainloop_vs;
   for (const auto* v : vs)

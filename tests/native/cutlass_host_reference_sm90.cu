@@ -5,7 +5,7 @@
 #include "cutlass_host_reference.cuh"
 
 #include "gemm/sm90/fp8_gemm_nt_blockwise.cuh"
-#include "gemm/sm90/straddled_b_blocks_mainloop.cuh"
+#include "gemm/sm90/wide_tile_mainloop.cuh"
 
 using namespace snip::gemm::sm90;
 
@@ -27,7 +27,9 @@ const snip_ref::Variant kSnipRefVariants[] = {
     SNIP_REF_FP8_BLOCKWISE("e5m2_b128_bf16_128x128_overlapped",
                            Fp8Cooperative128x128Overlapped<cutlass::float_e5m2_t, 128, cutlass::bfloat16_t>),
     SNIP_REF_FP8_BLOCKWISE("e5m2_b1_f32_128x128_overlapped", Fp8Cooperative128x128Overlapped<cutlass::float_e5m2_t, 1, float>),
-    SNIP_REF_FP8_BLOCKWISE_PER_ROW_B("b128_bf16_128x192",
-                                     Fp8Cooperative128x192StraddledBBlocks<cutlass::float_e4m3_t, cutlass::bfloat16_t>),
+    SNIP_REF_FP8_BLOCKWISE_PER_ROW_B(
+        "b128_bf16_128x192", Fp8Cooperative128x192<cutlass::float_e4m3_t, cutlass::bfloat16_t, BScales::kBlockPerThird>),
+    SNIP_REF_FP8_BLOCKWISE("b1_bf16_128x192",
+                           Fp8Cooperative128x192<cutlass::float_e4m3_t, cutlass::bfloat16_t, BScales::kRow>),
 };
 const int kSnipRefVariantCount = int(sizeof(kSnipRefVariants) / sizeof(kSnipRefVariants[0]));

@@ -236,6 +236,22 @@ def test_a_kind_without_entries_takes_those_of_its_other_output_dtype():
     assert autotune.table_lookup(autotune.key_for(DEVICE, fprop_f32, 8192, 8192, 28672)) == "tile=128x128,raster=m"
 
 
+def test_table_from_bench_keeps_wgrad_with_bf16_output_apart():
+    # bench_gemm --configs times wgrad's configs with FP32 and with BF16 output (the layer's for BF16 weights);
+    # each output dtype is a kind of its own, its heuristic time the "fp8" entry or the "fp8_wgrad_bf16" baseline.
+    row = dict(shape="s", gemm="wgrad", m=4096, n=4096, k=8192)
+    results = dict(device=DEVICE, entries=[dict(row, format="fp8", ms=1.0)],
+                   baselines=[dict(row, format="fp8_wgrad_bf16", ms=0.9), dict(row, format="fp8_qgemm", ms=0.1)],
+                   configs=[dict(row, format="fp8[tile=128x128,raster=n]", impl="tile=128x128,raster=n", ms=0.8),
+                            dict(row, format="fp8[tile=128x192]", impl="tile=128x192", ms=0.7, out_dtype="bfloat16"),
+                            dict(row, format="fp8[tile=128x128]", impl="tile=128x128", ms=0.95, out_dtype="bfloat16")])
+    entries = {(e["out_dtype"], e["config"]) for e in autotune.table_from_bench(results)["entries"]}
+    assert entries == {("float32", "tile=128x128,raster=n"), ("bfloat16", "tile=128x192")}
+    results["configs"][1]["ms"] = 0.91
+    entries = {(e["out_dtype"], e["config"]) for e in autotune.table_from_bench(results)["entries"]}
+    assert entries == {("float32", "tile=128x128,raster=n"), ("bfloat16", "")}  # the heuristic's 0.9 ms
+
+
 def test_committed_table_is_the_bench_results():
     results = json.loads((ROOT / "bench/results/nvidia-h200-gemm-configs.json").read_text())
     committed = json.loads((autotune.TABLE_DIR / "nvidia-h200.json").read_text())

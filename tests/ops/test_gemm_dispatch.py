@@ -661,16 +661,18 @@ def test_sm90_config_overrides():
 
 @needs_sm90_op
 def test_sm90_128x192_tile_only_by_name():
-    """The 128x192 tile over per-row B scales (csrc/gemm/sm90/straddled_b_blocks_mainloop.cuh) runs where a config
-    names it, for E4M3 fprop/dgrad with BF16 output; the heuristic, which has no GPU timing of it, never picks it."""
+    """The 128x192 tiles (csrc/gemm/sm90/wide_tile_mainloop.cuh) run where a config names them, for E4M3 with BF16
+    output, B in 128x128 blocks (fprop, dgrad) or 1x128 (wgrad); the heuristic, which has no GPU timing of them,
+    never picks them."""
     cfg = torch.ops.snip_C.fp8_gemm_nt_blockwise_config
     for config in ("tile=128x192", "128x192", "tile=128x192,raster=n,swizzle=2"):
         got = cfg(8192, 14336, 4096, 128, torch.bfloat16, 132, config)
         assert got.startswith("b128_bf16_128x192 tile=128x192 schedule=cooperative") and "promotion" not in got
+        assert cfg(4096, 14336, 8192, 1, torch.bfloat16, 132, config).startswith("b1_bf16_128x192 tile=128x192")
     for m, n, k in itertools.product((1, 256, 1000, 8192), (192, 384, 4096, 6144, 14336), (128, 4096)):
-        for config in ("", "raster=m", "promotion=serial"):
-            assert "128x192" not in cfg(m, n, k, 128, torch.bfloat16, 132, config)
-    for args, match in [((1, torch.bfloat16, 132, "tile=128x192"), "tile 128x192 is not compiled for b_block=1"),
+        for b_block, config in itertools.product((128, 1), ("", "raster=m", "promotion=serial")):
+            assert "128x192" not in cfg(m, n, k, b_block, torch.bfloat16, 132, config)
+    for args, match in [((1, torch.float32, 132, "tile=128x192"), "tile 128x192 is not compiled for b_block=1"),
                         ((128, torch.float32, 132, "tile=128x192"), "tile 128x192 is not compiled for b_block=128"),
                         ((128, torch.bfloat16, 132, "tile=128x192,promotion=overlapped"),
                          "128x192 with promotion=overlapped is not compiled")]:
@@ -682,7 +684,7 @@ def test_sm90_128x192_tile_only_by_name():
 
 @pytest.mark.parametrize("n", [1, 64, 127, 128, 129, 191, 192, 200, 384, 4096, 6143, 14336])
 def test_192_wide_tiles_meet_128_blocks_in_whole_thirds(n):
-    """The straddled-blocks mainloop scales each 64-column third of a 192-wide tile with the per-row scale of the
+    """The wide-tile mainloop over 128x128 blocks scales each 64-column third of a 192-wide tile with the per-row scale of the
     third's first row. Checked here for every tile of N: each column the third covers (inside N) has that row's
     128-row block, i.e. the scale per_row_b_scales gives it, so the product is the 128x128-block kernels'."""
     block_of = torch.arange(-(-n // 128) * 128) // 128  # per_row_b_scales: row r takes block r // 128's scale
@@ -784,30 +786,35 @@ def _sass_functions(arch: str) -> dict[str, str]:
 
 
 @needs_sm90_op
-@pytest.mark.parametrize("kernel, count, mma", [("fp8_gemm_nt_blockwise", 9, "E4M3.E4M3"),
+@pytest.mark.parametrize("kernel, count, mma", [("fp8_gemm_nt_blockwise", 10, "E4M3.E4M3"),
                                                 ("fp8_gemm_nt_blockwise_e5m2", 5, "E5M2.E4M3")])
 def test_sm90_sass_has_qgmma(kernel, count, mma):
     funcs = {n: b for n, b in _sass_functions("sm_90a").items() if f"{kernel}_kernel" in n}
     assert len(funcs) == count, sorted(funcs)  # one per compiled instantiation
     for name, body in funcs.items():
-        width = 192 if "StraddledBBlocksMainloop" in name else 128
+        width = 192 if "WideTileMainloop" in name else 128
         assert re.search(rf"\bQGMMA\.64x{width}x32\.F32\.{mma}\b", body), name
         assert not re.search(r"\b(STL|LDL)\b", body), f"register spills in {name}"
 
 
 @needs_sm90_op
-def test_sm90_sass_straddled_b_blocks_promotion():
-    """The 128x192 kernel's K-tile loop (csrc/gemm/sm90/straddled_b_blocks_mainloop.cuh), in the binary: four
-    m64n192k32 wgmmas per warpgroup, then its scales read from shared memory -- two of A (the thread's rows) and
-    three of B (the tile's thirds) -- six products (2 rows x 3 thirds) and one FFMA per accumulator element of a
-    64x192 warpgroup tile (96 per thread); CUTLASS's per-row promotion would take two multiplies per element."""
-    funcs = {n: b for n, b in _sass_functions("sm_90a").items() if "StraddledBBlocksMainloop" in n}
-    assert len(funcs) == 1, sorted(funcs)
-    body = next(iter(funcs.values()))
-    # from the wgmmas' issue to the stage's release back to the producer
-    loop = body.split("WARPGROUP.ARRIVE", 1)[1].split("SYNCS.ARRIVE", 1)[0]
-    count = {op: len(re.findall(rf"\b{op}\b", loop)) for op in ("QGMMA", "LDS", "FMUL", "FFMA")}
-    assert count == {"QGMMA": 4, "LDS": 5, "FMUL": 6, "FFMA": 96}, count
+def test_sm90_sass_wide_tile_promotion():
+    """The 128x192 kernels' K-tile loop (csrc/gemm/sm90/wide_tile_mainloop.cuh), in the binary, from the wgmmas'
+    issue to the stage's release: four m64n192k32 wgmmas per warpgroup and one FFMA per accumulator element of a
+    64x192 warpgroup tile (96 per thread). Over 128x128 weight blocks: five scale loads (the thread's two rows
+    of A, the tile's three thirds of B) and six products (2 rows x 3 thirds). Over 1x128 B blocks: two loads of
+    A's scales and 24 paired loads of the thread's 48 columns of B, read where used (CUTLASS's consumer holds
+    them in registers and spills at this width), and CUTLASS's (partial * SFA) * SFB: 96 FMULs."""
+    funcs = {n: b for n, b in _sass_functions("sm_90a").items() if "WideTileMainloop" in n}
+    assert len(funcs) == 2, sorted(funcs)
+    counts = []
+    for body in funcs.values():
+        loop = body.split("WARPGROUP.ARRIVE", 1)[1].split("SYNCS.ARRIVE", 1)[0]
+        counts.append({op: len(re.findall(rf"\b{op}(\.\w+)?\b", loop)) for op in ("QGMMA", "LDS", "FMUL", "FFMA")})
+        counts[-1]["LDS.64"] = len(re.findall(r"\bLDS\.64\b", loop))
+    assert sorted(counts, key=lambda c: c["FMUL"]) == [
+        {"QGMMA": 4, "LDS": 5, "FMUL": 6, "FFMA": 96, "LDS.64": 0},
+        {"QGMMA": 4, "LDS": 26, "FMUL": 96, "FFMA": 96, "LDS.64": 24}], counts
 
 
 @needs_sm90_op

@@ -136,12 +136,14 @@ def configs(b_block, out_dtype, e5m2=False):
     if (b_block, out_dtype) in ((128, torch.bfloat16), (1, torch.float32)):
         tiles.append(OVERLAPPED)
     if b_block == 128 and out_dtype == torch.bfloat16 and not e5m2:
-        tiles += [OVERLAPPED + ",cluster=2x1", WIDE]
+        tiles.append(OVERLAPPED + ",cluster=2x1")
+    if out_dtype == torch.bfloat16 and not e5m2:
+        tiles.append(WIDE)
     return tiles
 
 
 OVERLAPPED = "tile=128x128,promotion=overlapped"
-WIDE = "tile=128x192"  # csrc/gemm/sm90/straddled_b_blocks_mainloop.cuh
+WIDE = "tile=128x192"  # csrc/gemm/sm90/wide_tile_mainloop.cuh
 
 
 # ---- Hopper FP8 ---------------------------------------------------------------------------------
@@ -336,14 +338,14 @@ def test_sm90_overlapped_promotion_gives_the_serial_bits(name, gemm_kind, out_dt
 
 
 @needs_sm90
-@pytest.mark.parametrize("name, gemm_kind", [("fp8", "fprop"), ("fp8", "dgrad"), ("fp4", "fprop")])
+@pytest.mark.parametrize("name, gemm_kind", [("fp8", "fprop"), ("fp8", "dgrad"), ("fp4", "fprop"), ("fp8", "wgrad")])
 @pytest.mark.parametrize("m, n, k", [(200, 264, 1040), (33, 72, 4096), (2048, 2176, 640), (129, 448, 128),
                                      (1000, 384, 256), (4096, 4096, 512), (300, 14336, 384)])
 def test_sm90_128x192_gives_the_128x128_bits(name, gemm_kind, m, n, k):
-    # The 128x192 tile (its B block scales repeated per row by the op, one read per 64-column third) against
-    # the 128x128 kernel, bit for bit: N below, at and between multiples of 192 and 128 (a tile starting
-    # inside a weight block, a last tile cut by N), one and many K tiles, more tiles than SMs, bias, and
-    # accumulation into `out`.
+    # The 128x192 tiles against the 128x128 kernels, bit for bit, BF16 out: over weight blocks (their scales
+    # repeated per row by the op, one read per 64-column third) and over wgrad's 1x128 blocks; N below, at and
+    # between multiples of 192 and 128 (a tile starting inside a weight block, a last tile cut by N), one and
+    # many K tiles, more tiles than SMs, bias, and accumulation into `out`.
     a, b = operands(name, m, n, k, gemm_kind)
     want = gk.qgemm(a, b, path=f"sm90_{name}", config="tile=128x128")
     for config in (WIDE, WIDE + ",raster=n", WIDE + ",raster=m,swizzle=2"):

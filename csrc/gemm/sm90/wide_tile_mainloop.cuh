@@ -1,31 +1,35 @@
-// Hopper blockwise-FP8 mainloop for B tiles wider than a 128x128 weight scale block.
+// Hopper blockwise-FP8 mainloop for 192-wide output tiles.
 //
 // A 128x192 output tile feeds the tensor cores more multiplies per byte of shared memory read than
 // 128x128 (one m64n192k32 wgmma per warpgroup and k32 step instead of m64n128k32), and 192 is the
 // widest N whose two accumulator sets (the per-K-tile partial and the promoted sum, 96 + 96 registers
-// per thread) fit the 232 registers a consumer warpgroup gets. Its columns straddle B's 128x128 scale
-// blocks, which CUTLASS 4.2's mainloop cannot express: it takes one B scale per tile or one per row.
+// per thread) fit the 232 registers a consumer warpgroup gets. CUTLASS's own consumer cannot run it:
+//   - with 128x128 weight blocks (fprop, dgrad) the tiles straddle the blocks, and CUTLASS 4.2's
+//     mainloop takes one B scale per tile or one per row;
+//   - with 1x128 B blocks (wgrad) it holds one B scale per accumulator column in registers, 48 more
+//     per thread, and spills.
+// This consumer runs over CUTLASS's producer for one B scale per row (192 per K tile into shared
+// memory) in both cases, and reads B's scales in one of two ways (BScales):
 //
-// This mainloop runs on the per-row form: the op hands it B's 128x128-block scales repeated to one
-// scale per row of B (the same values), which CUTLASS's producer loads unchanged (192 scales per K
-// tile into shared memory). A tile starts at a multiple of 192 = 3 x 64 columns and blocks at
-// multiples of 128, so each 64-column third of a tile lies inside one block: the consumer reads only
-// the scales of rows 0, 64 and 128 of the tile, and promotes each accumulator element with
+//   kBlockPerThird  B's 128x128-block scales, handed over repeated to one per row of B (the op's
+//                   per_row_b_scales). A tile starts at a multiple of 192 = 3 x 64 columns and blocks at
+//                   multiples of 128, so each 64-column third of a tile lies inside one block: the
+//                   consumer reads only the scales of rows 0, 64 and 128 of the tile and promotes with
+//                       accum += partial * (SFA[m] * SFB[third of n])
+//                   one FMUL per distinct (row, third) pair and one FFMA per element: the expression of
+//                   CUTLASS's 128x128-block promotion (SFA[m] * SFB[block], then one FFMA), hence the bits
+//                   of the 128x128 kernels. (CUTLASS's per-row promotion would round differently.)
+//   kRow            B's own 1x128 scales: the promotion is CUTLASS's per-row expression,
+//                       partial *= SFA[m];  accum += partial * SFB[n]
+//                   (one FMUL and one FFMA per element, the bits of the 128x128 1x128-B kernels), with
+//                   SFB[n] read from shared memory where it is used instead of held for the whole K tile.
 //
-//     accum += partial * (SFA[m] * SFB[third of n])
+// Serial promotion, as CUTLASS's: a K tile's wgmmas are issued, its A scales read while they run, then
+// the warpgroup waits for them and promotes (the overlapped mainloop's second partial does not fit at
+// this width). The producer side, shared storage, arguments and mma_tail() are the base's.
 //
-// one FMUL per distinct (row, third) pair and one FFMA per element, the expression and order of
-// CUTLASS's 128x128-block mainloop (whose scale is SFA[m] * SFB[block], then one FFMA): the same bits
-// as the 128x128 kernels for every output (snip_ops/autotune.py compares them before timing one).
-// CUTLASS's own per-row promotion, (partial * SFA[m]) * SFB[n], would round differently, and holding a
-// per-row scale per accumulator column would cost another 48 registers per thread.
-//
-// Serial promotion, as CUTLASS's: a K tile's wgmmas are issued, the scale products computed while they
-// run, then the warpgroup waits for them and promotes (the overlapped mainloop's second partial does
-// not fit at this width). The producer side, shared storage, arguments and mma_tail() are the base's.
-//
-// Below the mainloop, its one tile configuration, Fp8Cooperative128x192StraddledBBlocks: a kernel of
-// its own around fp8_gemm_nt_blockwise.cuh's 1x128-B configuration, whose header it leaves untouched.
+// Below the mainloop, its tile configuration Fp8Cooperative128x192: a kernel of its own around
+// fp8_gemm_nt_blockwise.cuh's 1x128-B configuration, whose header it leaves untouched.
 #pragma once
 
 #include "cute/tensor.hpp"
@@ -36,8 +40,10 @@
 
 namespace snip::gemm::sm90 {
 
-template <class Base>
-struct StraddledBBlocksMainloop : Base {
+enum class BScales { kBlockPerThird, kRow };
+
+template <class Base, BScales kBScales>
+struct WideTileMainloop : Base {
   using typename Base::DispatchPolicy;
   using typename Base::ElementBlockScale;
   using typename Base::MainloopPipeline;
@@ -53,13 +59,13 @@ struct StraddledBBlocksMainloop : Base {
 
   static constexpr int kThird = 64;  // the column granularity at which a 192-wide tile meets 128-row blocks
   static constexpr int kBlockRows = 128;
-  static_assert(cute::size<1>(TileShape{}) % kThird == 0 && kBlockRows % kThird == 0,
+  static_assert(kBScales == BScales::kRow ||
+                    (cute::size<1>(TileShape{}) % kThird == 0 && kBlockRows % kThird == 0),
                 "every 64-column group of a tile must lie inside one 128-row block of B");
   static constexpr int kThirds = cute::size<1>(TileShape{}) / kThird;
   static_assert(Base::ScalePromotionInterval == 4, "the K tile must be one 128-wide scale block");
   static_assert(Base::ScaleMsPerTile == cute::size<0>(TileShape{}), "A has one scale per row (1x128 blocks)");
-  static_assert(Base::ScaleNsPerTile == cute::size<1>(TileShape{}),
-                "B's scales reach shared memory one per row (the 128x128-block scales repeated per row)");
+  static_assert(Base::ScaleNsPerTile == cute::size<1>(TileShape{}), "B's scales reach shared memory one per row");
   static_assert(cute::size(cute::filter_zeros(typename Base::SmemLayoutAtomSFB{})) == cute::size<1>(TileShape{}),
                 "one K tile's B scales are the tile's rows, contiguous");
 
@@ -73,8 +79,8 @@ struct StraddledBBlocksMainloop : Base {
     Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});  // (BLK_M,BLK_K,PIPE)
     Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});  // (BLK_N,BLK_K,PIPE)
     // A's scales as a (BLK_M, BLK_N, (BLK_K, PIPE)) tensor broadcast along N, as CUTLASS's mainloop sees
-    // them; B's as the same shape reading, for every column, the scale of the first row of its 64-column
-    // third (stride 0 within a third, 64 between thirds, one tile's rows per stage).
+    // them. B's as the same shape: kRow, broadcast along M; kBlockPerThird, reading for every column the
+    // scale of the first row of its 64-column third (stride 0 within a third, 64 between thirds).
     Tensor sSFA = make_tensor(make_smem_ptr(shared_tensors.smem_SFA.data()),
                               make_layout(make_shape(get<0>(shape(SmemLayoutSFA{})), get<1>(TileShape{}),
                                                      make_shape(get<1>(shape(SmemLayoutSFA{})),
@@ -82,11 +88,17 @@ struct StraddledBBlocksMainloop : Base {
                                           make_stride(get<0>(stride(SmemLayoutSFA{})), _0{},
                                                       make_stride(get<1>(stride(SmemLayoutSFA{})),
                                                                   get<2>(stride(SmemLayoutSFA{}))))));
-    Tensor sSFB = make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()),
-                              make_layout(make_shape(get<0>(TileShape{}), make_shape(Int<kThird>{}, Int<kThirds>{}),
-                                                     make_shape(_1{}, Int<kStages>{})),
-                                          make_stride(_0{}, make_stride(_0{}, Int<kThird>{}),
-                                                      make_stride(_0{}, get<2>(stride(SmemLayoutSFB{}))))));
+    auto layout_sfb = [] {
+      const auto stage_stride = make_stride(_0{}, get<2>(stride(SmemLayoutSFB{})));
+      if constexpr (kBScales == BScales::kBlockPerThird)
+        return make_layout(make_shape(get<0>(TileShape{}), make_shape(Int<kThird>{}, Int<kThirds>{}),
+                                      make_shape(_1{}, Int<kStages>{})),
+                           make_stride(_0{}, make_stride(_0{}, Int<kThird>{}), stage_stride));
+      else
+        return make_layout(make_shape(get<0>(TileShape{}), get<1>(TileShape{}), make_shape(_1{}, Int<kStages>{})),
+                           make_stride(_0{}, _1{}, stage_stride));
+    };
+    Tensor sSFB = make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()), layout_sfb());
 
     constexpr int kMmaWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
     const Layout warp_group_thread_layout = make_layout(Int<kMmaWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
@@ -105,8 +117,8 @@ struct StraddledBBlocksMainloop : Base {
     Tensor partial = make_fragment_like(accum);
     clear(accum);  // +0, as CUTLASS's first promotion adds to
     warpgroup_fence_operand(accum);
-    // The register copies keep the views' stride-0 modes: a thread holds its rows' A scales and its
-    // columns' thirds' B scales once each.
+    // The register copies keep the views' stride-0 modes: a thread holds its rows' A scales (and, per
+    // third, its columns' B scales) once each.
     Tensor tCrSFA = make_tensor_like<ElementBlockScale>(tCsSFA(_, _, _, _0{}));
     Tensor tCrSFB = make_tensor_like<ElementBlockScale>(tCsSFB(_, _, _, _0{}));
 
@@ -129,18 +141,26 @@ struct StraddledBBlocksMainloop : Base {
       warpgroup_commit_batch();
       warpgroup_fence_operand(partial);
 
-      // The stage's scales, read while the wgmmas run.
+      // The stage's scales, read while the wgmmas run (kRow: B's where they are used, below).
       copy(tCsSFA(_, _, _, make_coord(_0{}, stage)), tCrSFA);
-      copy(tCsSFB(_, _, _, make_coord(_0{}, stage)), tCrSFB);
+      if constexpr (kBScales == BScales::kBlockPerThird) copy(tCsSFB(_, _, _, make_coord(_0{}, stage)), tCrSFB);
 
       warpgroup_wait<0>();
       ++smem_pipe_read;
       barrier_token = pipeline.consumer_try_wait(smem_pipe_read);
       warpgroup_fence_operand(partial);
-      // The product is formed first and rounded, as CUTLASS's 128x128-block promotion forms it; identical
-      // products of a (row, third) pair are one FMUL after unrolling.
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accum); ++i) accum(i) += partial(i) * (tCrSFA(i) * tCrSFB(i));
+      if constexpr (kBScales == BScales::kBlockPerThird) {
+        // The product is formed first and rounded, as CUTLASS's 128x128-block promotion forms it; identical
+        // products of a (row, third) pair are one FMUL after unrolling.
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); ++i) accum(i) += partial(i) * (tCrSFA(i) * tCrSFB(i));
+      } else {
+        Tensor sfb = tCsSFB(_, _, _, make_coord(_0{}, stage));
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); ++i) partial(i) = partial(i) * tCrSFA(i);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); ++i) accum(i) += partial(i) * sfb(i);
+      }
       warpgroup_fence_operand(accum);
 
       // Every stage but the last goes back to the producer here; the kernel's mma_tail() releases the last.
@@ -152,20 +172,20 @@ struct StraddledBBlocksMainloop : Base {
   }
 };
 
-// 128x192x128, 2 consumer warpgroups (64x192 each), cluster 1x2, for 128x128-block B (fprop, dgrad): the
-// 1x128-B configuration of that tile (its producer, scale layout, epilogue and arguments: B's block scales
-// arrive repeated per row, and A's then load with cp.async as in the 1x128-B kernels) with the mainloop
-// above in place of CUTLASS's.
-template <class ElementA, class ElementD>
-struct Fp8Cooperative128x192StraddledBBlocks
+// 128x192x128, 2 consumer warpgroups (64x192 each), cluster 1x2: the 1x128-B configuration of that tile
+// (its producer, scale layout, epilogue and arguments; A's scales then load with cp.async, as in the
+// 1x128-B kernels) with the mainloop above in place of CUTLASS's. kBlockPerThird: for 128x128-block B
+// (fprop, dgrad), whose block scales the op repeats per row; kRow: for 1x128 B (wgrad).
+template <class ElementA, class ElementD, BScales kBScales>
+struct Fp8Cooperative128x192
     : Fp8GemmNtBlockwise<ElementA, 1, ElementD, Shape<_128, _192, _128>, Shape<_1, _2, _1>,
                          cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise,
                          cutlass::epilogue::TmaWarpSpecializedCooperative> {
   using PerRow = Fp8GemmNtBlockwise<ElementA, 1, ElementD, Shape<_128, _192, _128>, Shape<_1, _2, _1>,
                                     cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise,
                                     cutlass::epilogue::TmaWarpSpecializedCooperative>;
-  using Self = Fp8Cooperative128x192StraddledBBlocks;
-  using CollectiveMainloop = StraddledBBlocksMainloop<typename PerRow::BuiltMainloop>;
+  using Self = Fp8Cooperative128x192;
+  using CollectiveMainloop = WideTileMainloop<typename PerRow::BuiltMainloop, kBScales>;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                           typename PerRow::CollectiveEpilogue>;
 
