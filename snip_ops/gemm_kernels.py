@@ -505,12 +505,37 @@ def _run_fp8_blockwise(a: QTensor, b: QTensor, out_dtype, bias, out, config: str
 
     if not config:
         config = _tile_config(a, ca, b_block, kernel_dtype, direct_acc, n_pad, run)
+    else:
+        config = checked_config((ca.device, a.spec.element, b_block, kernel_dtype, direct_acc, a.shape[0], n_pad,
+                                 ca.shape[1]), config, run)
     if direct_acc:
         return run(config, out)
     return _finish(run(config), n, out_dtype, None, out)
 
 
 _tile_configs = _ext.GateMemo()  # the autotuner's settled answers, per tuning setting and call signature
+_config_agrees: dict[tuple, bool] = {}  # (call signature, config) -> it gave the heuristic's bits
+
+
+def checked_config(signature: tuple, config: str, run) -> str:
+    """A config the caller named for a GEMM of this call signature (device, A element, B blocks, output dtype,
+    accumulation, M, padded N, K): `config`, once its output on these operands was the heuristic's bit for bit
+    (every config of a kind computes each output with the same arithmetic), else "" with a warning. The
+    configs the autotuner and its table give were compared so on a GPU; a named one, perhaps of a mainloop
+    no GPU has run, is compared here at its first use per signature in the process. Not inside a CUDA graph
+    capture or a trace, which cannot compare outputs: there it runs as named."""
+    key = (signature, config)
+    if key not in _config_agrees:
+        if autotune._no_tuning_now():
+            return config
+        agrees = autotune.same_bits(run(config), run(""))
+        _config_agrees[key] = agrees
+        if not agrees:
+            warnings.warn(f"snip_ops.gemm_kernels.qgemm: the FP8 GEMM with config {config!r} gives another result "
+                          f"than with its heuristic's (M, N, K = {signature[-3:]}, {signature[3]} output on "
+                          f"{signature[0]}); the heuristic's config runs instead. Please report this with "
+                          f"snip_ops.build_info().", RuntimeWarning, stacklevel=4)
+    return config if _config_agrees[key] else ""
 
 
 def _tile_config(a: QTensor, ca: torch.Tensor, b_block: int, kernel_dtype: torch.dtype, direct_acc: bool,
@@ -689,7 +714,8 @@ def qgemm(
     exactly); by default the fastest exact one is taken (`select_path`), and a GPU GEMM that finds
     no faster exact path than FP64 ("fp32") says so with a RuntimeWarning. `config` is passed to
     the FP8 blockwise kernels ("tile=64x128,raster=n,swizzle=2"); empty: the one snip_ops.autotune
-    chooses (by default its committed per-device table, else the kernels' own heuristic).
+    chooses (by default its committed per-device table, else the kernels' own heuristic). A named config
+    runs once its first output per call signature equals the heuristic's bit for bit (`checked_config`).
     """
     _check_pair(a, b)
     m, n = a.shape[0], b.shape[0]

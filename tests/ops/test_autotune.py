@@ -261,6 +261,33 @@ def test_committed_table_is_the_bench_results():
                for e in committed["entries"])
 
 
+def test_a_named_config_runs_once_it_gave_the_heuristics_bits(monkeypatch):
+    # qgemm(config=...) names a config, perhaps of a mainloop no GPU has run: its first output per call signature
+    # is compared with the heuristic's, bit for bit; one that differs is replaced by "" (the heuristic) with a
+    # warning, for good. Inside a trace nothing can be compared: the config runs as named, unremembered.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(gk, "_config_agrees", {})
+    calls = []
+
+    def run(config, wrong=("tile=128x192",)):
+        calls.append(config)
+        return torch.tensor([1.0, -0.0 if config in wrong else 0.0])  # -0.0 and 0.0: equal, not the same bits
+
+    sig = ("cuda:0", "e4m3", 128, torch.bfloat16, False, 256, 4096, 4096)
+    assert gk.checked_config(sig, "tile=128x128,raster=n", run) == "tile=128x128,raster=n"
+    assert calls == ["tile=128x128,raster=n", ""]
+    assert gk.checked_config(sig, "tile=128x128,raster=n", run) == "tile=128x128,raster=n" and len(calls) == 2
+    with pytest.warns(RuntimeWarning, match=r"config 'tile=128x192' gives another result .*\(256, 4096, 4096\)"):
+        assert gk.checked_config(sig, "tile=128x192", run) == ""
+    assert gk.checked_config(sig, "tile=128x192", run) == "" and len(calls) == 4
+    other = sig[:-3] + (512, 4096, 4096)  # another signature is compared anew
+    with FakeTensorMode():
+        assert gk.checked_config(other, "tile=128x192", run) == "tile=128x192" and len(calls) == 4
+    with pytest.warns(RuntimeWarning):
+        assert gk.checked_config(other, "tile=128x192", run) == ""
+
+
 def test_configure_is_process_wide_and_returns_the_previous_setting():
     previous = autotune.configure(TuningConfig(mode="off"))
     try:
@@ -293,6 +320,8 @@ def test_qgemm_asks_the_tuner_when_no_config_is_given(monkeypatch, accumulate):
         qa, qb = reference.QTensor(ca, sa, a.spec, a.shape), reference.QTensor(cb, sb, b.spec, b.shape)
         return gk.qgemm(qa, qb, out=out if accumulate else None, config=config)
 
+    named = []
+    monkeypatch.setattr(gk, "checked_config", lambda sig, config, run: named.append((sig, config)) or config)
     for config, want in (("", "tile=64x128,raster=m"), ("tile=128x128", "tile=128x128")):
         out = torch.zeros(300, 40, dtype=torch.bfloat16)
         gm = make_fx(lambda *t: f(*t, config), tracing_mode="fake")(a.codes, a.scales, b.codes, b.scales, out)
@@ -301,6 +330,8 @@ def test_qgemm_asks_the_tuner_when_no_config_is_given(monkeypatch, accumulate):
     (key,) = keys
     assert key.device == "cpu" and (key.m_bucket, key.n, key.k) == (512, 40, 208)
     assert key.kind == GemmKind("fp8_gemm_nt_blockwise", 128, "bfloat16", accumulate)
+    (sig, config), = named  # the named config goes through checked_config with its call signature
+    assert config == "tile=128x128" and sig[-3:] == (300, 40, 208) and sig[4] == accumulate
 
 
 def _sm90():
