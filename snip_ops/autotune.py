@@ -144,8 +144,8 @@ def current() -> TuningConfig:
 # mainloop (csrc/gemm/sm90/overlapped_promotion_mainloop.cuh) for the kinds of a linear layer's GEMMs
 # (128x128-blocked B with BF16 out, 1x128 with FP32 out, E4M3 or E5M2 A), and for E4M3 x 128x128 blocks
 # with BF16 output also that mainloop with a 2x1 cluster (B multicast) and the ping-pong 64x128 tile; and
-# the 128x192 tile (csrc/gemm/sm90/wide_tile_mainloop.cuh) for E4M3 with BF16 output, B in 128x128 or
-# 1x128 blocks.
+# the 128x192 tile (csrc/gemm/sm90/wide_tile_mainloop.cuh) for E4M3: B in 128x128 blocks with BF16 output,
+# in 1x128 blocks (wgrad) with BF16 or FP32 output.
 _OVERLAPPED = "tile=128x128,promotion=overlapped"
 _OVERLAPPED_KINDS = (("fp8_gemm_nt_blockwise", 128, "bfloat16"), ("fp8_gemm_nt_blockwise", 1, "float32"),
                      ("fp8_gemm_nt_blockwise_e5m2", 128, "bfloat16"), ("fp8_gemm_nt_blockwise_e5m2", 1, "float32"))
@@ -168,7 +168,7 @@ def candidates(kind: GemmKind) -> tuple[str, ...]:
         out += [_OVERLAPPED, f"{_OVERLAPPED},raster=m", f"{_OVERLAPPED},raster=n"]
     if (kind.kernel, kind.b_block, kind.out_dtype) == ("fp8_gemm_nt_blockwise", 128, "bfloat16"):
         out += [f"{_OVERLAPPED},cluster=2x1", f"{_OVERLAPPED},cluster=2x1,raster=m", "tile=64x128"]
-    if kind.kernel == "fp8_gemm_nt_blockwise" and kind.out_dtype == "bfloat16":
+    if kind.kernel == "fp8_gemm_nt_blockwise" and (kind.out_dtype == "bfloat16" or kind.b_block == 1):
         out += ["tile=128x192", "tile=128x192,raster=m", "tile=128x192,raster=n"]
     return tuple(out)
 

@@ -27,6 +27,7 @@ extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x128_overlapped;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x128_c2x1_overlapped;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_128x192;
 extern const Fp8BlockwiseVariant kFp8Variant_b1_bf16_128x192;
+extern const Fp8BlockwiseVariant kFp8Variant_b1_f32_128x192;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_bf16_64x128;
 extern const Fp8BlockwiseVariant kFp8Variant_b128_f32_128x128;
 extern const Fp8BlockwiseVariant kFp8Variant_b1_bf16_128x128;
@@ -68,8 +69,8 @@ constexpr int64_t kScaleK = 128;
 // promotion mainloop is compiled for the kinds a linear layer's GEMMs use (128x128 B blocks with
 // BF16 out: fprop and dgrad; 1x128 with FP32 out: wgrad; E4M3 and E5M2 A), for E4M3 fprop/dgrad
 // also with a 2x1 cluster (B multicast), and is chosen only by a config; so is the 128x192 tile
-// (sm90/wide_tile_mainloop.cuh) for E4M3 with BF16 out, fprop/dgrad (whose mainloop reads B's block scales
-// repeated per row: `per_row_b_scales`) and wgrad.
+// (sm90/wide_tile_mainloop.cuh) for E4M3: fprop/dgrad with BF16 out (whose mainloop reads B's block
+// scales repeated per row: `per_row_b_scales`) and wgrad with BF16 or FP32 out.
 const Fp8BlockwiseVariant* const kVariants[] = {
 #if SNIP_HAS_SM90
     &gemm::sm90::kFp8Variant_b128_bf16_128x128,      &gemm::sm90::kFp8Variant_b128_bf16_64x128,
@@ -82,6 +83,7 @@ const Fp8BlockwiseVariant* const kVariants[] = {
     &gemm::sm90::kFp8Variant_e5m2_b128_bf16_128x128_overlapped,
     &gemm::sm90::kFp8Variant_e5m2_b1_f32_128x128_overlapped,
     &gemm::sm90::kFp8Variant_b128_bf16_128x192,  &gemm::sm90::kFp8Variant_b1_bf16_128x192,
+    &gemm::sm90::kFp8Variant_b1_f32_128x192,
 #endif
 #if SNIP_HAS_SM100
     &gemm::sm100::kFp8Variant_sm100_b128_bf16_256x128_2sm,

@@ -31,5 +31,6 @@ const snip_ref::Variant kSnipRefVariants[] = {
         "b128_bf16_128x192", Fp8Cooperative128x192<cutlass::float_e4m3_t, cutlass::bfloat16_t, BScales::kBlockPerThird>),
     SNIP_REF_FP8_BLOCKWISE("b1_bf16_128x192",
                            Fp8Cooperative128x192<cutlass::float_e4m3_t, cutlass::bfloat16_t, BScales::kRow>),
+    SNIP_REF_FP8_BLOCKWISE("b1_f32_128x192", Fp8Cooperative128x192<cutlass::float_e4m3_t, float, BScales::kRow>),
 };
 const int kSnipRefVariantCount = int(sizeof(kSnipRefVariants) / sizeof(kSnipRefVariants[0]));

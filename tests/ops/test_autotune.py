@@ -64,12 +64,15 @@ def test_candidates_are_few_and_start_with_the_heuristic():
     e5m2_dgrad, e5m2_wgrad = (GemmKind("fp8_gemm_nt_blockwise_e5m2", b, d, False) for b, d in ((128, "bfloat16"), (1, "float32")))
     for kind in (WGRAD, e5m2_dgrad, e5m2_wgrad, GemmKind("fp8_gemm_nt_blockwise_e5m2", 128, "bfloat16", True)):
         cands = autotune.candidates(kind)
-        assert all("64x128" not in c and "128x192" not in c and "cluster" not in c  # E4M3 fprop/dgrad only
-                   for c in cands)
+        assert all("64x128" not in c and "cluster" not in c for c in cands)  # compiled for E4M3 fprop/dgrad only
         assert {c for c in cands if "overlapped" in c} == overlapped  # a linear layer's GEMM kinds
     for kind in (GemmKind("fp8_gemm_nt_blockwise", 128, "float32", False),
                  GemmKind("fp8_gemm_nt_blockwise", 1, "bfloat16", False)):
         assert all("overlapped" not in c for c in autotune.candidates(kind))
+    wide = {"tile=128x192", "tile=128x192,raster=m", "tile=128x192,raster=n"}
+    for kind, has_wide in ((FPROP, True), (WGRAD, True), (GemmKind("fp8_gemm_nt_blockwise", 1, "bfloat16", False), True),
+                           (GemmKind("fp8_gemm_nt_blockwise", 128, "float32", False), False), (e5m2_dgrad, False)):
+        assert ({c for c in autotune.candidates(kind) if "128x192" in c} == wide) == has_wide, kind
     # Blackwell: one tile per kind; the scheduler's order and swizzle (runtime arguments) are tuned
     assert autotune.candidates(GemmKind("fp8_gemm_nt_blockwise_sm100", 128, "bfloat16", False)) == (
         "", "raster=m", "raster=n", "swizzle=2")

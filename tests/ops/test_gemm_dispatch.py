@@ -661,18 +661,21 @@ def test_sm90_config_overrides():
 
 @needs_sm90_op
 def test_sm90_128x192_tile_only_by_name():
-    """The 128x192 tiles (csrc/gemm/sm90/wide_tile_mainloop.cuh) run where a config names them, for E4M3 with BF16
-    output, B in 128x128 blocks (fprop, dgrad) or 1x128 (wgrad); the heuristic, which has no GPU timing of them,
-    never picks them."""
+    """The 128x192 tiles (csrc/gemm/sm90/wide_tile_mainloop.cuh) run where a config names them, for E4M3: B in
+    128x128 blocks (fprop, dgrad) with BF16 output, 1x128 (wgrad) with BF16 or FP32; the heuristic, which has no
+    GPU timing of them, never picks them."""
     cfg = torch.ops.snip_C.fp8_gemm_nt_blockwise_config
     for config in ("tile=128x192", "128x192", "tile=128x192,raster=n,swizzle=2"):
         got = cfg(8192, 14336, 4096, 128, torch.bfloat16, 132, config)
         assert got.startswith("b128_bf16_128x192 tile=128x192 schedule=cooperative") and "promotion" not in got
         assert cfg(4096, 14336, 8192, 1, torch.bfloat16, 132, config).startswith("b1_bf16_128x192 tile=128x192")
+        assert cfg(4096, 14336, 8192, 1, torch.float32, 132, config).startswith("b1_f32_128x192 tile=128x192")
     for m, n, k in itertools.product((1, 256, 1000, 8192), (192, 384, 4096, 6144, 14336), (128, 4096)):
-        for b_block, config in itertools.product((128, 1), ("", "raster=m", "promotion=serial")):
-            assert "128x192" not in cfg(m, n, k, b_block, torch.bfloat16, 132, config)
-    for args, match in [((1, torch.float32, 132, "tile=128x192"), "tile 128x192 is not compiled for b_block=1"),
+        for (b_block, out), config in itertools.product(((128, torch.bfloat16), (1, torch.bfloat16), (1, torch.float32)),
+                                                        ("", "raster=m", "promotion=serial")):
+            assert "128x192" not in cfg(m, n, k, b_block, out, 132, config)
+    for args, match in [((1, torch.float32, 132, "tile=128x192,promotion=overlapped"),
+                         "tile 128x192 with promotion=overlapped is not compiled for b_block=1"),
                         ((128, torch.float32, 132, "tile=128x192"), "tile 128x192 is not compiled for b_block=128"),
                         ((128, torch.bfloat16, 132, "tile=128x192,promotion=overlapped"),
                          "128x192 with promotion=overlapped is not compiled")]:
@@ -786,7 +789,7 @@ def _sass_functions(arch: str) -> dict[str, str]:
 
 
 @needs_sm90_op
-@pytest.mark.parametrize("kernel, count, mma", [("fp8_gemm_nt_blockwise", 10, "E4M3.E4M3"),
+@pytest.mark.parametrize("kernel, count, mma", [("fp8_gemm_nt_blockwise", 11, "E4M3.E4M3"),
                                                 ("fp8_gemm_nt_blockwise_e5m2", 5, "E5M2.E4M3")])
 def test_sm90_sass_has_qgmma(kernel, count, mma):
     funcs = {n: b for n, b in _sass_functions("sm_90a").items() if f"{kernel}_kernel" in n}
@@ -806,15 +809,15 @@ def test_sm90_sass_wide_tile_promotion():
     A's scales and 24 paired loads of the thread's 48 columns of B, read where used (CUTLASS's consumer holds
     them in registers and spills at this width), and CUTLASS's (partial * SFA) * SFB: 96 FMULs."""
     funcs = {n: b for n, b in _sass_functions("sm_90a").items() if "WideTileMainloop" in n}
-    assert len(funcs) == 2, sorted(funcs)
+    assert len(funcs) == 3, sorted(funcs)
     counts = []
     for body in funcs.values():
         loop = body.split("WARPGROUP.ARRIVE", 1)[1].split("SYNCS.ARRIVE", 1)[0]
         counts.append({op: len(re.findall(rf"\b{op}(\.\w+)?\b", loop)) for op in ("QGMMA", "LDS", "FMUL", "FFMA")})
         counts[-1]["LDS.64"] = len(re.findall(r"\bLDS\.64\b", loop))
+    rows = {"QGMMA": 4, "LDS": 26, "FMUL": 96, "FFMA": 96, "LDS.64": 24}  # BF16 and FP32 output alike
     assert sorted(counts, key=lambda c: c["FMUL"]) == [
-        {"QGMMA": 4, "LDS": 5, "FMUL": 6, "FFMA": 96, "LDS.64": 0},
-        {"QGMMA": 4, "LDS": 26, "FMUL": 96, "FFMA": 96, "LDS.64": 24}], counts
+        {"QGMMA": 4, "LDS": 5, "FMUL": 6, "FFMA": 96, "LDS.64": 0}, rows, rows], counts
 
 
 @needs_sm90_op

@@ -140,7 +140,7 @@ def configs(b_block, out_dtype, e5m2=False):
         tiles.append(OVERLAPPED)
     if b_block == 128 and out_dtype == torch.bfloat16 and not e5m2:
         tiles.append(OVERLAPPED + ",cluster=2x1")
-    if out_dtype == torch.bfloat16 and not e5m2:
+    if (out_dtype == torch.bfloat16 or b_block == 1) and not e5m2:
         tiles.append(WIDE)
     return tiles
 
@@ -358,11 +358,16 @@ def test_sm90_128x192_gives_the_128x128_bits(name, gemm_kind, m, n, k):
     want = gk.qgemm(a, b, bias=bias, path=f"sm90_{name}", config="tile=128x128")
     got = gk.qgemm(a, b, bias=bias, path=f"sm90_{name}", config=WIDE)
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
-    want = torch.randn(m, n, device="cuda").to(torch.bfloat16)
-    got = want.clone()
-    gk.qgemm(a, b, out=want, path=f"sm90_{name}", config="tile=128x128")
-    gk.qgemm(a, b, out=got, path=f"sm90_{name}", config=WIDE)
-    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    for dtype in (torch.bfloat16, torch.float32) if gemm_kind == "wgrad" else (torch.bfloat16,):
+        want = torch.randn(m, n, device="cuda").to(dtype)
+        got = want.clone()
+        gk.qgemm(a, b, out=want, path=f"sm90_{name}", config="tile=128x128")
+        gk.qgemm(a, b, out=got, path=f"sm90_{name}", config=WIDE)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), dtype
+    if gemm_kind == "wgrad":  # FP32 output: the weight gradient of FP32 weights
+        want = gk.qgemm(a, b, out_dtype=torch.float32, path=f"sm90_{name}", config="tile=128x128")
+        got = gk.qgemm(a, b, out_dtype=torch.float32, path=f"sm90_{name}", config=WIDE)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
 @needs_sm90
