@@ -5,7 +5,6 @@
 #include "cutlass_host_reference.cuh"
 
 #include "gemm/sm90/fp8_gemm_nt_blockwise.cuh"
-#include "gemm/sm90/wide_tile_mainloop.cuh"
 
 using namespace snip::gemm::sm90;
 

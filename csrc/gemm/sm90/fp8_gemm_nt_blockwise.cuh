@@ -13,9 +13,11 @@
 //               A always has 1x128 blocks (one scale per row and 128-wide K block).
 //   ElementD    cutlass::bfloat16_t or float (also the type of the accumulate source C = D).
 //   TileShape / ClusterShape / KernelSchedule / EpilogueSchedule: the tile configuration.
-//   kOverlappedPromotion  false: CUTLASS's mainloop (each K tile's scale promotion waits for its
-//               wgmmas); true: overlapped_promotion_mainloop.cuh (promotes K tile t while t+1
-//               runs, the same arithmetic).
+//   MainloopOf  the consumer over CUTLASS's built mainloop (`MainloopOf<Built>`): CutlassMainloop, Built
+//               itself (each K tile's scale promotion waits for its wgmmas);
+//               OverlappedPromotionMainloop (overlapped_promotion_mainloop.cuh: promotes K tile t while
+//               t+1 runs, the same arithmetic); WideTileMainloopOf<...>::Mainloop
+//               (wide_tile_mainloop.cuh: 192-wide tiles, with kBlockN = 1 in either case).
 //
 // M, N, K tails: TMA zero-fills out-of-bounds loads of A, B and SFA, scale loads done with
 // cp.async are predicated, and the epilogue's TMA store clips, so any M, N and any K that is a
@@ -38,6 +40,7 @@
 #include "gemm/fp8_blockwise_arguments.cuh"
 #include "gemm/gemm_args.h"
 #include "gemm/sm90/overlapped_promotion_mainloop.cuh"
+#include "gemm/sm90/wide_tile_mainloop.cuh"
 
 namespace snip::gemm::sm90 {
 
@@ -49,8 +52,11 @@ SNIP_DEFINE_GEMM_ENTRY(fp8_gemm_nt_blockwise_e5m2)
 
 using namespace cute;
 
+template <class Built>
+using CutlassMainloop = Built;
+
 template <class ElementA_, int kBlockN_, class ElementD_, class TileShape_, class ClusterShape_,
-          class KernelSchedule_, class EpilogueSchedule_, bool kOverlappedPromotion = false>
+          class KernelSchedule_, class EpilogueSchedule_, template <class> class MainloopOf = CutlassMainloop>
 struct Fp8GemmNtBlockwise {
   using Self = Fp8GemmNtBlockwise;
   static constexpr int kBlockN = kBlockN_;
@@ -96,8 +102,7 @@ struct Fp8GemmNtBlockwise {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule_>::CollectiveOp;
-  using CollectiveMainloop =
-      cute::conditional_t<kOverlappedPromotion, OverlappedPromotionMainloop<BuiltMainloop>, BuiltMainloop>;
+  using CollectiveMainloop = MainloopOf<BuiltMainloop>;
 
   // Persistent tile scheduler (deterministic: no split/stream-K reduction).
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
@@ -134,13 +139,22 @@ template <class ElementA, int kBlockN, class ElementD>
 using Fp8Cooperative128x128Overlapped =
     Fp8GemmNtBlockwise<ElementA, kBlockN, ElementD, Shape<_128, _128, _128>, Shape<_1, _2, _1>,
                        cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise,
-                       cutlass::epilogue::TmaWarpSpecializedCooperative, true>;
+                       cutlass::epilogue::TmaWarpSpecializedCooperative, OverlappedPromotionMainloop>;
 // The same with a 2x1 cluster: B's tile multicast to the 2 CTAs that share it along M.
 template <class ElementA, int kBlockN, class ElementD>
 using Fp8Cooperative128x128Cluster2x1Overlapped =
     Fp8GemmNtBlockwise<ElementA, kBlockN, ElementD, Shape<_128, _128, _128>, Shape<_2, _1, _1>,
                        cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise,
-                       cutlass::epilogue::TmaWarpSpecializedCooperative, true>;
+                       cutlass::epilogue::TmaWarpSpecializedCooperative, OverlappedPromotionMainloop>;
+// 128x192x128, 2 consumer warpgroups (64x192 each), cluster 1x2, with the wide-tile mainloop over CUTLASS's
+// producer for one B scale per row (kBlockN = 1; A's scales then load with cp.async, as in the 1x128-B
+// kernels). kBlockPerThird: for 128x128-block B (fprop, dgrad), whose block scales the op repeats per row;
+// kRow: for 1x128 B (wgrad).
+template <class ElementA, class ElementD, BScales kBScales>
+using Fp8Cooperative128x192 =
+    Fp8GemmNtBlockwise<ElementA, 1, ElementD, Shape<_128, _192, _128>, Shape<_1, _2, _1>,
+                       cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise,
+                       cutlass::epilogue::TmaWarpSpecializedCooperative, WideTileMainloopOf<kBScales>::template Mainloop>;
 // 64x128x128, ping-pong consumer warpgroups (each a whole tile), no cluster: more tiles for small
 // problems, and one warpgroup's epilogue overlaps the other's mainloop.
 template <class ElementA, int kBlockN, class ElementD>

@@ -1,6 +1,6 @@
 // fp8_gemm_nt_blockwise instantiation "b1_bf16_128x192": E4M3 A, B 1x128 scale blocks (wgrad), BF16 out, 128x192 cooperative tile (wide-tile mainloop).
 // One instantiation per file so that the (slow) CUTLASS translation units build in parallel.
-#include "gemm/sm90/wide_tile_mainloop.cuh"
+#include "gemm/sm90/fp8_gemm_nt_blockwise.cuh"
 
 namespace snip::gemm::sm90 {
 using Cfg_b1_bf16_128x192 = Fp8Cooperative128x192<cutlass::float_e4m3_t, cutlass::bfloat16_t, BScales::kRow>;

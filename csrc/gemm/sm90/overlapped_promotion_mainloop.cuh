@@ -26,19 +26,16 @@
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 
+#include "gemm/sm90/blockwise_consumer.cuh"
+
 namespace snip::gemm::sm90 {
 
 template <class Base>
 struct OverlappedPromotionMainloop : Base {
-  using typename Base::DispatchPolicy;
   using typename Base::ElementBlockScale;
   using typename Base::MainloopPipeline;
   using typename Base::Params;
   using typename Base::PipelineState;
-  using typename Base::SmemLayoutA;
-  using typename Base::SmemLayoutB;
-  using typename Base::SmemLayoutSFA;
-  using typename Base::SmemLayoutSFB;
   using typename Base::TensorStorage;
   using typename Base::TileShape;
   using typename Base::TiledMma;
@@ -56,39 +53,17 @@ struct OverlappedPromotionMainloop : Base {
     using namespace cute;
     static_assert(is_rmem<FrgTensorC>::value, "the accumulator must be in registers");
 
-    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});  // (BLK_M,BLK_K,PIPE)
-    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});  // (BLK_N,BLK_K,PIPE)
-    // The scales seen as (BLK_M, BLK_N, (BLK_K, PIPE)) tensors, broadcast (stride 0) along the
-    // operand they do not index, so that partitioning them like C gives each thread the scales of
-    // its accumulator elements.
-    Tensor sSFA = make_tensor(make_smem_ptr(shared_tensors.smem_SFA.data()),
-                              make_layout(make_shape(get<0>(shape(SmemLayoutSFA{})), get<1>(TileShape{}),
-                                                     make_shape(get<1>(shape(SmemLayoutSFA{})),
-                                                                get<2>(shape(SmemLayoutSFA{})))),
-                                          make_stride(get<0>(stride(SmemLayoutSFA{})), _0{},
-                                                      make_stride(get<1>(stride(SmemLayoutSFA{})),
-                                                                  get<2>(stride(SmemLayoutSFA{}))))));
-    Tensor sSFB = make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()),
-                              make_layout(make_shape(get<0>(TileShape{}), get<0>(shape(SmemLayoutSFB{})),
-                                                     make_shape(get<1>(shape(SmemLayoutSFB{})),
-                                                                get<2>(shape(SmemLayoutSFB{})))),
-                                          make_stride(_0{}, get<0>(stride(SmemLayoutSFB{})),
-                                                      make_stride(get<1>(stride(SmemLayoutSFB{})),
-                                                                  get<2>(stride(SmemLayoutSFB{}))))));
-
-    constexpr int kMmaWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
-    const Layout warp_group_thread_layout = make_layout(Int<kMmaWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
-    const int warp_group_idx = __shfl_sync(0xFFFFFFFF, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
+    // The scales broadcast along the operand they do not index, so that partitioning them like C gives each
+    // thread the scales of its accumulator elements.
+    using Consumer = BlockwiseConsumer<Base>;
     TiledMma tiled_mma;
-    auto thread_mma = tiled_mma.get_slice(warp_group_thread_layout(warp_group_idx));
-
-    Tensor tCsSFA = tiled_mma.get_slice(thread_idx).partition_C(sSFA);  // (MMA,MMA_M,MMA_N,(MMA_K,PIPE))
-    Tensor tCsSFB = tiled_mma.get_slice(thread_idx).partition_C(sSFB);  // (MMA,MMA_M,MMA_N,(MMA_K,PIPE))
-    Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA,MMA_M,MMA_K,PIPE)
-    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA,MMA_N,MMA_K,PIPE)
+    Tensor tCsSFA = tiled_mma.get_slice(thread_idx).partition_C(Consumer::scale_a(shared_tensors));
+    Tensor tCsSFB = tiled_mma.get_slice(thread_idx).partition_C(Consumer::scale_b(shared_tensors));
+    auto fragments = Consumer::operand_fragments(tiled_mma, shared_tensors, thread_idx);
+    auto& tCrA = get<0>(fragments);  // (MMA,MMA_M,MMA_K,PIPE)
+    auto& tCrB = get<1>(fragments);  // (MMA,MMA_N,MMA_K,PIPE)
     CUTE_STATIC_ASSERT_V(size<1>(tCrA) == size<1>(accum));
     CUTE_STATIC_ASSERT_V(size<1>(tCrB) == size<2>(accum));
-    CUTE_STATIC_ASSERT_V(Int<DispatchPolicy::Stages>{} == size<2>(sA));
 
     // The two partial accumulators; K tile t goes to partial[t % 2]. Each K tile's first wgmma ignores
     // what its partial holds (ScaleOut::Zero), but partial1 is cleared here, before any wgmma is in

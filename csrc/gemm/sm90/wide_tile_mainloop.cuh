@@ -28,15 +28,14 @@
 // the warpgroup waits for them and promotes (the overlapped mainloop's second partial does not fit at
 // this width). The producer side, shared storage, arguments and mma_tail() are the base's.
 //
-// Below the mainloop, its tile configuration Fp8Cooperative128x192: a kernel of its own around
-// fp8_gemm_nt_blockwise.cuh's 1x128-B configuration, whose header it leaves untouched.
+// Its tile configuration, Fp8Cooperative128x192, is in fp8_gemm_nt_blockwise.cuh with the others.
 #pragma once
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 
-#include "gemm/sm90/fp8_gemm_nt_blockwise.cuh"
+#include "gemm/sm90/blockwise_consumer.cuh"
 
 namespace snip::gemm::sm90 {
 
@@ -49,9 +48,6 @@ struct WideTileMainloop : Base {
   using typename Base::MainloopPipeline;
   using typename Base::Params;
   using typename Base::PipelineState;
-  using typename Base::SmemLayoutA;
-  using typename Base::SmemLayoutB;
-  using typename Base::SmemLayoutSFA;
   using typename Base::SmemLayoutSFB;
   using typename Base::TensorStorage;
   using typename Base::TileShape;
@@ -76,43 +72,28 @@ struct WideTileMainloop : Base {
     static_assert(is_rmem<FrgTensorC>::value, "the accumulator must be in registers");
     constexpr int kStages = DispatchPolicy::Stages;
 
-    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});  // (BLK_M,BLK_K,PIPE)
-    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});  // (BLK_N,BLK_K,PIPE)
-    // A's scales as a (BLK_M, BLK_N, (BLK_K, PIPE)) tensor broadcast along N, as CUTLASS's mainloop sees
-    // them. B's as the same shape: kRow, broadcast along M; kBlockPerThird, reading for every column the
-    // scale of the first row of its 64-column third (stride 0 within a third, 64 between thirds).
-    Tensor sSFA = make_tensor(make_smem_ptr(shared_tensors.smem_SFA.data()),
-                              make_layout(make_shape(get<0>(shape(SmemLayoutSFA{})), get<1>(TileShape{}),
-                                                     make_shape(get<1>(shape(SmemLayoutSFA{})),
-                                                                get<2>(shape(SmemLayoutSFA{})))),
-                                          make_stride(get<0>(stride(SmemLayoutSFA{})), _0{},
-                                                      make_stride(get<1>(stride(SmemLayoutSFA{})),
-                                                                  get<2>(stride(SmemLayoutSFA{}))))));
-    auto layout_sfb = [] {
-      const auto stage_stride = make_stride(_0{}, get<2>(stride(SmemLayoutSFB{})));
+    // A's scales broadcast along N (CUTLASS's view); B's broadcast along M: kRow, CUTLASS's per-row view;
+    // kBlockPerThird, reading for every column the scale of the first row of its 64-column third (stride 0
+    // within a third, 64 between thirds, one tile's rows per stage).
+    using Consumer = BlockwiseConsumer<Base>;
+    auto scale_b = [&] {
       if constexpr (kBScales == BScales::kBlockPerThird)
-        return make_layout(make_shape(get<0>(TileShape{}), make_shape(Int<kThird>{}, Int<kThirds>{}),
-                                      make_shape(_1{}, Int<kStages>{})),
-                           make_stride(_0{}, make_stride(_0{}, Int<kThird>{}), stage_stride));
+        return make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()),
+                           make_layout(make_shape(get<0>(TileShape{}), make_shape(Int<kThird>{}, Int<kThirds>{}),
+                                                  make_shape(_1{}, Int<kStages>{})),
+                                       make_stride(_0{}, make_stride(_0{}, Int<kThird>{}),
+                                                   make_stride(_0{}, get<2>(stride(SmemLayoutSFB{}))))));
       else
-        return make_layout(make_shape(get<0>(TileShape{}), get<1>(TileShape{}), make_shape(_1{}, Int<kStages>{})),
-                           make_stride(_0{}, _1{}, stage_stride));
+        return Consumer::scale_b(shared_tensors);
     };
-    Tensor sSFB = make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()), layout_sfb());
-
-    constexpr int kMmaWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
-    const Layout warp_group_thread_layout = make_layout(Int<kMmaWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
-    const int warp_group_idx = __shfl_sync(0xFFFFFFFF, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
     TiledMma tiled_mma;
-    auto thread_mma = tiled_mma.get_slice(warp_group_thread_layout(warp_group_idx));
-
-    Tensor tCsSFA = tiled_mma.get_slice(thread_idx).partition_C(sSFA);  // (MMA,MMA_M,MMA_N,(MMA_K,PIPE))
-    Tensor tCsSFB = tiled_mma.get_slice(thread_idx).partition_C(sSFB);  // (MMA,MMA_M,MMA_N,(MMA_K,PIPE))
-    Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA,MMA_M,MMA_K,PIPE)
-    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA,MMA_N,MMA_K,PIPE)
+    Tensor tCsSFA = tiled_mma.get_slice(thread_idx).partition_C(Consumer::scale_a(shared_tensors));
+    Tensor tCsSFB = tiled_mma.get_slice(thread_idx).partition_C(scale_b());  // (MMA,MMA_M,MMA_N,(MMA_K,PIPE))
+    auto fragments = Consumer::operand_fragments(tiled_mma, shared_tensors, thread_idx);
+    auto& tCrA = get<0>(fragments);  // (MMA,MMA_M,MMA_K,PIPE)
+    auto& tCrB = get<1>(fragments);  // (MMA,MMA_N,MMA_K,PIPE)
     CUTE_STATIC_ASSERT_V(size<1>(tCrA) == size<1>(accum));
     CUTE_STATIC_ASSERT_V(size<1>(tCrB) == size<2>(accum));
-    CUTE_STATIC_ASSERT_V(Int<kStages>{} == size<2>(sA));
 
     Tensor partial = make_fragment_like(accum);
     clear(accum);  // +0, as CUTLASS's first promotion adds to
@@ -172,34 +153,12 @@ struct WideTileMainloop : Base {
   }
 };
 
-// 128x192x128, 2 consumer warpgroups (64x192 each), cluster 1x2: the 1x128-B configuration of that tile
-// (its producer, scale layout, epilogue and arguments; A's scales then load with cp.async, as in the
-// 1x128-B kernels) with the mainloop above in place of CUTLASS's. kBlockPerThird: for 128x128-block B
-// (fprop, dgrad), whose block scales the op repeats per row; kRow: for 1x128 B (wgrad).
-template <class ElementA, class ElementD, BScales kBScales>
-struct Fp8Cooperative128x192
-    : Fp8GemmNtBlockwise<ElementA, 1, ElementD, Shape<_128, _192, _128>, Shape<_1, _2, _1>,
-                         cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise,
-                         cutlass::epilogue::TmaWarpSpecializedCooperative> {
-  using PerRow = Fp8GemmNtBlockwise<ElementA, 1, ElementD, Shape<_128, _192, _128>, Shape<_1, _2, _1>,
-                                    cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise,
-                                    cutlass::epilogue::TmaWarpSpecializedCooperative>;
-  using Self = Fp8Cooperative128x192;
-  using CollectiveMainloop = WideTileMainloop<typename PerRow::BuiltMainloop, kBScales>;
-  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                                          typename PerRow::CollectiveEpilogue>;
-
-  static typename GemmKernel::Arguments arguments(const Fp8BlockwiseArgs& p) { return fp8_blockwise_arguments<Self>(p); }
-  static size_t workspace_size(const Fp8BlockwiseArgs& p) { return GemmKernel::get_workspace_size(arguments(p)); }
-  static void const* entry() {
-    if constexpr (cute::is_same_v<ElementA, cutlass::float_e5m2_t>)
-      return reinterpret_cast<void const*>(&fp8_gemm_nt_blockwise_e5m2_kernel<GemmKernel>);
-    else
-      return reinterpret_cast<void const*>(&fp8_gemm_nt_blockwise_kernel<GemmKernel>);
-  }
-  static LaunchResult run(const Fp8BlockwiseArgs& p, void* workspace, cudaStream_t stream) {
-    return run_gemm_kernel<GemmKernel>(arguments(p), entry(), workspace, stream);
-  }
+// The mainloop for one way of reading B's scales, as a one-parameter template (fp8_gemm_nt_blockwise.cuh's
+// Fp8GemmNtBlockwise takes the mainloop that way).
+template <BScales kBScales>
+struct WideTileMainloopOf {
+  template <class Base>
+  using Mainloop = WideTileMainloop<Base, kBScales>;
 };
 
 }  // namespace snip::gemm::sm90
