@@ -211,12 +211,29 @@ def test_no_tuning_inside_a_trace(tmp_path):
     assert autotune.choose(key, kernel, cfg) == "tile=64x128"  # tuned once eager
 
 
-def test_table_lookup_takes_the_nearest_entry_within_a_factor_of_two():
+def _entry(kind: GemmKind, m: int, n: int, k: int, config: str) -> dict:
+    return dict(kernel=kind.kernel, b_block=kind.b_block, out_dtype=kind.out_dtype, m=m, n=n, k=k, config=config,
+                ms=1.0)
+
+
+@pytest.fixture
+def small_table(monkeypatch):
+    """A stand-in for the committed table of DEVICE (the lookup rules, whatever a GPU run last measured)."""
+    entries = (_entry(FPROP, 8192, 4096, 4096, "tile=128x128"),
+               _entry(FPROP, 8192, 28672, 8192, "tile=128x192,raster=m"),
+               _entry(FPROP, 8192, 8192, 28672, "tile=128x128,raster=m"),
+               _entry(WGRAD, 8192, 8192, 8192, "tile=128x128,raster=n"),
+               _entry(WGRAD, 8192, 28672, 8192, "tile=128x128,swizzle=2"),
+               _entry(WGRAD, 4096, 4096, 8192, "tile=128x128,raster=m"))
+    monkeypatch.setattr(autotune, "_table", lambda device: entries if device == DEVICE else ())
+
+
+def test_table_lookup_takes_the_nearest_entry_within_a_factor_of_two(small_table):
     def look(kind, m, n, k, device=DEVICE):
         return autotune.table_lookup(autotune.key_for(device, kind, m, n, k))
 
-    assert look(FPROP, 8192, 4096, 4096) == "tile=128x128"  # committed entries
-    assert look(FPROP, 8192, 28672, 8192) == "tile=128x128,swizzle=2"
+    assert look(FPROP, 8192, 4096, 4096) == "tile=128x128"  # the table's entries
+    assert look(FPROP, 8192, 28672, 8192) == "tile=128x192,raster=m"
     assert look(WGRAD, 8192, 8192, 8192) == "tile=128x128,raster=n"
     assert look(WGRAD, 6000, 8192, 8192) == "tile=128x128,raster=n"  # m bucket 8192
     assert look(WGRAD, 8192, 9000, 8000) == "tile=128x128,raster=n"  # nearest
@@ -226,9 +243,9 @@ def test_table_lookup_takes_the_nearest_entry_within_a_factor_of_two():
     assert look(FPROP, 8192, 4096, 4096, device="NVIDIA H100 80GB HBM3") == ""  # no table for it
 
 
-def test_a_kind_without_entries_takes_those_of_its_other_output_dtype():
-    # The table times wgrad with FP32 output; a BF16-weight layer's wgrad writes BF16 (same mainloop and
-    # tiles), and takes those entries. A kind with entries of its own never looks at the other dtype's.
+def test_a_kind_without_entries_takes_those_of_its_other_output_dtype(small_table):
+    # A table may time wgrad with FP32 output only; a BF16-weight layer's wgrad writes BF16 (same mainloop
+    # and tiles), and takes those entries. A kind with entries of its own never looks at the other dtype's.
     wgrad_bf16 = GemmKind("fp8_gemm_nt_blockwise", 1, "bfloat16", False)
     fprop_f32 = GemmKind("fp8_gemm_nt_blockwise", 128, "float32", False)
     for m, n, k in ((8192, 8192, 8192), (8192, 28672, 8192), (4096, 4096, 8192), (300, 4096, 4096)):
