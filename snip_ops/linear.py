@@ -188,12 +188,12 @@ def _weight_operands(w: torch.Tensor | None, parts: list[torch.Tensor] | None, i
 
 class _Call(NamedTuple):
     """The arguments both ops take after their operands, in their schemas' order: the backward GEMMs' recipe
-    keys, the SR seed and offset (a 0-d int64 tensor), emulated or kernel mode, and which gradients backward
-    computes."""
+    keys, the SR seed and offset (0-d int64 CPU tensors: torch.compile guards on an int's value, and would
+    compile a block once per layer seed), emulated or kernel mode, and which gradients backward computes."""
 
     dgrad: str
     wgrad: str
-    seed: int
+    seed: torch.Tensor
     offset: torch.Tensor
     emulate: bool
     need_dx: bool
@@ -208,7 +208,7 @@ class _Call(NamedTuple):
         return cls(*args[:n]), tail[0], tail[1]
 
     def quantizer(self, like: torch.Tensor) -> _Quantizer:
-        return _Quantizer(self.seed, int(self.offset), _kernel_mode(like, self.emulate))
+        return _Quantizer(int(self.seed), int(self.offset), _kernel_mode(like, self.emulate))
 
 
 _LIB = torch.library.Library("snip", "DEF")
@@ -335,7 +335,7 @@ def _fwd_fake(x, w, fprop, *call_and_wq):
 
 
 _register("linear_fwd", _fwd, _fwd_fake, (
-    "(Tensor x, Tensor? w, str fprop, str dgrad, str wgrad, int seed, Tensor offset, bool emulate, bool need_dx, "
+    "(Tensor x, Tensor? w, str fprop, str dgrad, str wgrad, Tensor seed, Tensor offset, bool emulate, bool need_dx, "
     "bool need_dw, Tensor[]? wq=None, Tensor[]? w_operand=None) -> Tensor[]"))
 
 
@@ -385,13 +385,13 @@ def _bwd_fake(dy, x, xt, w, wt, in_features, *call):
 
 _register("linear_bwd", _bwd, _bwd_fake, (
     "(Tensor dy, Tensor? x, Tensor[] xt, Tensor? w, Tensor[] wt, SymInt in_features, str dgrad, str wgrad, "
-    "SymInt seed, Tensor offset, bool emulate, bool need_dx, bool need_dw) -> Tensor[]"))
+    "Tensor seed, Tensor offset, bool emulate, bool need_dx, bool need_dw) -> Tensor[]"))
 
 
 # A separate op because functionalization (torch.compile) takes no in-place argument next to a
 # Tensor[] result; need_dw is implied.
 def _bwd_accumulate(dy: torch.Tensor, x: torch.Tensor | None, xt: list[torch.Tensor], w: torch.Tensor | None,
-                    wt: list[torch.Tensor], in_features: int, dgrad: str, wgrad: str, seed: int,
+                    wt: list[torch.Tensor], in_features: int, dgrad: str, wgrad: str, seed: torch.Tensor,
                     offset: torch.Tensor, emulate: bool, need_dx: bool, wgrad_into: torch.Tensor) -> torch.Tensor:
     """dx (an empty tensor without need_dx); the weight gradient is added into `wgrad_into` [N, K] FP32."""
     call = _Call(dgrad, wgrad, seed, offset, emulate, need_dx, True)
@@ -405,7 +405,7 @@ def _bwd_accumulate_fake(dy, x, xt, w, wt, in_features, dgrad, wgrad, seed, offs
 
 _register("linear_bwd_accumulate", _bwd_accumulate, _bwd_accumulate_fake, (
     "(Tensor dy, Tensor? x, Tensor[] xt, Tensor? w, Tensor[] wt, SymInt in_features, str dgrad, str wgrad, "
-    "SymInt seed, Tensor offset, bool emulate, bool need_dx, Tensor(a!) wgrad_into) -> Tensor"))
+    "Tensor seed, Tensor offset, bool emulate, bool need_dx, Tensor(a!) wgrad_into) -> Tensor"))
 
 
 class _Layer(NamedTuple):
@@ -414,7 +414,6 @@ class _Layer(NamedTuple):
     fprop: str           # the GEMMs' recipe keys
     dgrad: str
     wgrad: str
-    seed: int
     emulate: bool
     dgrad_bf16: bool     # the backward GEMMs that run on the unquantized operands
     wgrad_bf16: bool
@@ -425,25 +424,25 @@ class _Layer(NamedTuple):
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, w, b, offset, layer: _Layer, wgrad_into, reused):
+    def forward(ctx, x2, w, b, seed, offset, layer: _Layer, wgrad_into, reused):
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         # kept as an attribute, not saved: it is written in backward, and a saved tensor's version check
         # would refuse a layer called twice before its backward
         ctx.wgrad_into = wgrad_into
         fwd = torch.ops.snip.linear_fwd_seeded if layer.fwd_seeded else torch.ops.snip.linear_fwd
         if reused is None:
-            y, *saved = fwd(x2, w, layer.fprop, layer.dgrad, layer.wgrad, layer.seed, offset, layer.emulate,
+            y, *saved = fwd(x2, w, layer.fprop, layer.dgrad, layer.wgrad, seed, offset, layer.emulate,
                             need_dx, need_dw)
         else:  # the weight's operands, reused (`weight_operands`): the op does not read w, w^T is saved from here
             w_parts, wt_parts = reused
-            y, *saved = fwd(x2, None, layer.fprop, layer.dgrad, layer.wgrad, layer.seed, offset, layer.emulate,
+            y, *saved = fwd(x2, None, layer.fprop, layer.dgrad, layer.wgrad, seed, offset, layer.emulate,
                             need_dx, need_dw, w_operand=w_parts)
             if need_dx and not layer.dgrad_bf16:
                 saved += wt_parts
         # The unquantized operands are kept only for a bf16-recipe GEMM that needs them.
         x_keep = x2 if need_dw and layer.wgrad_bf16 else None
         w_keep = w if need_dx and layer.dgrad_bf16 else None
-        ctx.save_for_backward(x_keep, w_keep, offset, *saved)
+        ctx.save_for_backward(x_keep, w_keep, seed, offset, *saved)
         ctx.layer, ctx.in_features = layer, w.shape[1]
         ctx.n_xt = layer.n_xt if need_dw and not layer.wgrad_bf16 else 0
         ctx.bias_dtype = None if b is None else b.dtype
@@ -451,11 +450,11 @@ class _Linear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        x_keep, w_keep, offset, *saved = ctx.saved_tensors
+        x_keep, w_keep, seed, offset, *saved = ctx.saved_tensors
         layer, in_features, n_xt = ctx.layer, ctx.in_features, ctx.n_xt
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         args = (dy.contiguous(), x_keep, saved[:n_xt], w_keep, saved[n_xt:], in_features, layer.dgrad, layer.wgrad,
-                layer.seed, offset, layer.emulate, need_dx)
+                seed, offset, layer.emulate, need_dx)
         ops = torch.ops.snip
         if ctx.wgrad_into is not None and need_dw:  # the weight gradient goes into wgrad_into, not to autograd
             acc = ops.linear_bwd_accumulate_seeded if layer.bwd_seeded else ops.linear_bwd_accumulate
@@ -468,7 +467,7 @@ class _Linear(torch.autograd.Function):
         db = None
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             db = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype)  # FP32 sums, no FP32 copy of dy
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
@@ -507,7 +506,7 @@ def linear(
     b: torch.Tensor | None = None,
     precision: LinearPrecision | GemmRecipe | str | None = None,
     *,
-    seed: int = 0,
+    seed: int | torch.Tensor = 0,
     offset: int | torch.Tensor = 0,
     emulate: bool = False,
     wgrad_into: torch.Tensor | None = None,
@@ -517,7 +516,8 @@ def linear(
 
     x: [..., K]; w: [N, K]; b: [N] or None; precision: a `LinearPrecision`, a recipe, a recipe name
     ("fp8", "fp4", ...) or None for BF16 (plain `F.linear`). `(seed, offset)` key stochastic
-    rounding; pass a new offset each step (0-d int64 tensor under torch.compile). On a GPU the
+    rounding; pass a new offset each step. Under torch.compile pass both as 0-d int64 CPU tensors (as
+    `SnipLinear` does): an int is a constant of the compiled code, and each new value recompiles it. On a GPU the
     quantization and GEMM kernels run where they exist; `emulate=True` keeps the reference
     quantizer and the FP32 GEMM of the dequantized operands there too (the same quantized values).
     Under `torch.autocast` the layer computes in the autocast dtype, like `F.linear`.
@@ -542,15 +542,17 @@ def linear(
         return torch.nn.functional.linear(x, w, b)
     if not torch.is_tensor(offset):
         offset = torch.tensor(offset, dtype=torch.int64)
+    if not torch.is_tensor(seed):
+        seed = torch.tensor(seed, dtype=torch.int64)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     fr, dr, wr = precision.fprop, precision.dgrad, precision.wgrad
-    layer = _Layer(fr.key(), dr.key(), wr.key(), seed, bool(emulate), dr.is_bf16, wr.is_bf16,
+    layer = _Layer(fr.key(), dr.key(), wr.key(), bool(emulate), dr.is_bf16, wr.is_bf16,
                    _n_saved(wr.act, _kernel_mode(x2, emulate)),
                    _draws_bits(fr.act, fr.weight, dr.weight, wr.act, hadamard=wr.wgrad_hadamard),
                    _draws_bits(dr.grad, wr.grad, hadamard=wr.wgrad_hadamard))
     reused = None
     if weight_reuse is not None and weight_operands_reusable(precision):
         reused = weight_reuse.operands(w_param, w, precision, bool(emulate))
-    y = _Linear.apply(x2, w, b, offset.detach().cpu(), layer, wgrad_into, reused)
+    y = _Linear.apply(x2, w, b, seed.detach().cpu(), offset.detach().cpu(), layer, wgrad_into, reused)
     return y.reshape(*lead, w.shape[0])

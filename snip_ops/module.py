@@ -66,6 +66,17 @@ class SnipLinear(nn.Linear):
         # Not a buffer: it must neither enter the state dict nor move to the GPU (it is read on the host).
         self.sr_step = torch.zeros((), dtype=torch.int64)
 
+    @property
+    def seed(self) -> int:
+        """The layer's stochastic-rounding seed. Kept as a 0-d CPU tensor (`sr_seed`, like `sr_step` not a
+        buffer) that forward passes on: torch.compile would take an int attribute for a constant and compile a
+        block again for every layer's seed."""
+        return int(self.sr_seed)
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self.sr_seed = torch.tensor(int(value), dtype=torch.int64, device="cpu")
+
     @classmethod
     def from_linear(cls, lin: nn.Linear, precision=None, seed: int = 0, emulate: bool = False,
                     name: str = "", fuse_wgrad_accumulation: bool = False) -> "SnipLinear":
@@ -126,7 +137,7 @@ class SnipLinear(nn.Linear):
 
             return sharded_linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset,
                                   emulate=self.emulate, name=self.name)
-        return linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset, emulate=self.emulate,
+        return linear(x, self.weight, self.bias, self.precision, seed=self.sr_seed, offset=offset, emulate=self.emulate,
                       wgrad_into=main_grad, weight_reuse=self.weight_reuse)
 
     def extra_repr(self) -> str:

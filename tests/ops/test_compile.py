@@ -47,6 +47,41 @@ def test_fullgraph_forward_backward_matches_eager():
     assert int(model[0].sr_step) == int(eager[0].sr_step) == 2
 
 
+def test_blocks_with_their_own_seeds_share_one_compiled_graph():
+    """`block.compile()` on identical blocks (as torchtitan and bench_step compile a model) compiles once:
+    the layers' SR seeds, which differ from block to block, are tensors, not ints that dynamo would take
+    for constants and compile again for, up to its recompile limit and then run eagerly. The compiled
+    blocks give the eager blocks' bits, and each seed stays its own: two blocks differ."""
+    torch._dynamo.reset()
+    precision = LinearPrecision(fprop="fp4", dgrad="fp4", wgrad="fp4")  # SR gradients: the seeds matter
+
+    def blocks():
+        torch.manual_seed(0)
+        seq = nn.Sequential(*(nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(10)))
+        with torch.no_grad():  # the same weights in every block, so that only the seeds tell them apart
+            for block in seq[1:]:
+                block[0].load_state_dict(seq[0][0].state_dict())
+        return convert(seq, precision)
+
+    eager, compiled = blocks(), blocks()
+    assert len({m[0].seed for m in compiled}) == 10
+    for block in compiled:
+        block.compile(backend="aot_eager")
+    x = torch.randn(8, 32, requires_grad=True)  # as every later block's input: one guard set for all ten
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(2):
+            ye, yc = eager(x), compiled(x)
+            assert torch.equal(ye, yc)
+            ge = torch.autograd.grad(ye.square().sum(), [b[0].weight for b in eager])
+            gc = torch.autograd.grad(yc.square().sum(), [b[0].weight for b in compiled])
+            assert all(torch.equal(a, b) for a, b in zip(ge, gc, strict=True))
+    one, two = (b[0] for b in eager[:2])
+    y = torch.randn(8, 32)
+    dy = torch.randn(8, 32)  # the same input and gradient through both blocks: their seeds alone differ
+    g1, g2 = (torch.autograd.grad(m(y), m.weight, dy)[0] for m in (one, two))
+    assert not torch.equal(g1, g2)
+
+
 def test_functional_linear_compiles_without_graph_breaks():
     torch._dynamo.reset()
     w = torch.randn(16, 32, requires_grad=True)

@@ -81,10 +81,10 @@ def test_op_rejects_a_prequantized_weight_it_cannot_use():
     off = torch.tensor(0)
     mx = recipe("mxfp8").key()
     with pytest.raises(ValueError, match="square round-to-nearest"):
-        torch.ops.snip.linear_fwd(x, None, mx, mx, mx, 0, off, False, True, True, wq=parts)
+        torch.ops.snip.linear_fwd(x, None, mx, mx, mx, off, off, False, True, True, wq=parts)
     fp4 = recipe("fp4").key()
     with pytest.raises(ValueError, match="parts"):
-        torch.ops.snip.linear_fwd(x, None, fp4, recipe("fp8").key(), fp4, 0, off, False, True, True, wq=parts)
+        torch.ops.snip.linear_fwd(x, None, fp4, recipe("fp8").key(), fp4, off, off, False, True, True, wq=parts)
 
 
 def test_enable_wraps_snip_weights_and_leaves_training_unchanged():

@@ -246,20 +246,20 @@ def test_custom_ops_pass_opcheck(name):
     """Fake implementations (shapes, strides, dtypes of the saved operands) match the ops."""
     p = MIXED[name]
     x, w, dy = torch.randn(37, 300), torch.randn(190, 300), torch.randn(37, 190)
-    off = torch.tensor(5, dtype=torch.int64)
+    seed, off = torch.tensor(3, dtype=torch.int64), torch.tensor(5, dtype=torch.int64)
     keys = (p.fprop.key(), p.dgrad.key(), p.wgrad.key())
     # emulated: one float32 tensor per saved operand; on the quantizer op (the CPU's where the
     # extension has it): the QTensor's parts
     for emulate in (True, False):
         kernels = not emulate and _ext.kernel_available("quantize", "cpu")
         for need_dx, need_dw in ((True, True), (False, True), (True, False)):
-            fwd_args = (x, w, *keys, 3, off, emulate, need_dx, need_dw)
+            fwd_args = (x, w, *keys, seed, off, emulate, need_dx, need_dw)
             torch.library.opcheck(torch.ops.snip.linear_fwd.default, fwd_args, test_utils=("test_faketensor",))
             _, *saved = torch.ops.snip.linear_fwd(*fwd_args)
             n_xt = (num_parts(p.wgrad.act) if kernels else 1) if need_dw and not p.wgrad.is_bf16 else 0
             x_keep = x if need_dw and p.wgrad.is_bf16 else None
             w_keep = w if need_dx and p.dgrad.is_bf16 else None
-            bwd_args = (dy, x_keep, saved[:n_xt], w_keep, saved[n_xt:], 300, keys[1], keys[2], 3, off, emulate,
+            bwd_args = (dy, x_keep, saved[:n_xt], w_keep, saved[n_xt:], 300, keys[1], keys[2], seed, off, emulate,
                         need_dx, need_dw)
             torch.library.opcheck(torch.ops.snip.linear_bwd.default, bwd_args, test_utils=("test_faketensor",))
             if need_dw:  # the weight gradient added into a buffer instead (fuse_wgrad_accumulation)
@@ -271,7 +271,7 @@ def test_custom_ops_pass_opcheck(name):
 def test_seeded_ops_are_the_same_ops_tagged_for_cuda_graphs():
     """Each op has a `_seeded` twin: the same schema and implementation, tagged cudagraph_unsafe."""
     x, w = torch.randn(37, 300), torch.randn(190, 300)
-    args = (x, w, *(recipe("fp4").key(),) * 3, 3, torch.tensor(5), False, True, True)
+    args = (x, w, *(recipe("fp4").key(),) * 3, torch.tensor(3), torch.tensor(5), False, True, True)
     for name in ("linear_fwd", "linear_bwd", "linear_bwd_accumulate"):
         plain, seeded = getattr(torch.ops.snip, name).default, getattr(torch.ops.snip, f"{name}_seeded").default
         assert torch.Tag.cudagraph_unsafe in seeded.tags and torch.Tag.cudagraph_unsafe not in plain.tags

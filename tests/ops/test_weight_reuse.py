@@ -213,8 +213,8 @@ def test_the_op_checks_the_reused_operand():
     w_parts, _ = linear_module.weight_operands(w, LinearPrecision("fp8"))
     off = torch.tensor(0)
     fp8 = LinearPrecision("fp8").fprop.key()
-    y, *saved = torch.ops.snip.linear_fwd(x, None, fp8, fp8, fp8, 0, off, False, True, True, w_operand=w_parts)
-    assert torch.equal(y, torch.ops.snip.linear_fwd(x, w, fp8, fp8, fp8, 0, off, False, True, True)[0])
+    y, *saved = torch.ops.snip.linear_fwd(x, None, fp8, fp8, fp8, off, off, False, True, True, w_operand=w_parts)
+    assert torch.equal(y, torch.ops.snip.linear_fwd(x, w, fp8, fp8, fp8, off, off, False, True, True)[0])
     assert len(saved) == len(w_parts)  # x^T only: w^T is the caller's
     with pytest.raises(ValueError, match="w_operand has 1 tensors"):
-        torch.ops.snip.linear_fwd(x, None, fp8, fp8, fp8, 0, off, False, True, True, w_operand=w_parts[:1])
+        torch.ops.snip.linear_fwd(x, None, fp8, fp8, fp8, off, off, False, True, True, w_operand=w_parts[:1])
