@@ -149,9 +149,9 @@ def ops_fwd_bwd(mod: SnipLinear, x: torch.Tensor, dy: torch.Tensor):
 
     def call():
         with torch.no_grad():
-            _, *saved = ops.linear_fwd(x2, w, *keys, mod.seed, offset, mod.emulate, True, True)
+            _, *saved = ops.linear_fwd(x2, w, *keys, mod.sr_seed, offset, mod.emulate, True, True)
             return ops.linear_bwd(dy, x_keep, saved[:n_xt], w_keep, saved[n_xt:], x2.shape[1], keys[1], keys[2],
-                                  mod.seed, offset, mod.emulate, True, True)
+                                  mod.sr_seed, offset, mod.emulate, True, True)
 
     return call
 

@@ -20,7 +20,9 @@ Variants (every projection of every block; lm_head and the embedding stay high p
   torchao_rowwise / torchao_tensorwise
                       torchao.float8.convert_to_float8_training with those recipes, where importable.
 Each once eager and once with every decoder block compiled (`block.compile()`, as torchtitan does:
-identical blocks share one compiled graph, so compiling takes the time of one block, not sixteen).
+identical blocks share one compiled graph, so compiling takes the time of one block, not sixteen; each
+compiled run records how many graphs dynamo compiled, `compiled_graphs`, which a recompile per layer
+would raise above BF16's).
 
 Setup as `snip train` on a GPU: FP32 parameters, bf16 autocast (on the CPU float32, no autocast),
 torch.optim.AdamW (fused on CUDA), gradients clipped to norm 1; batch 4 x 2048 tokens; one fixed batch.
@@ -120,6 +122,7 @@ def run_variant(variant: str, compiled: bool, args, cfg, dev, plan, ao, batch) -
     backend = args.compile_backend if compiled else None
     if compiled:
         torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
         for block in model.model.layers:
             block.compile(backend=backend)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -157,6 +160,8 @@ def run_variant(variant: str, compiled: bool, args, cfg, dev, plan, ao, batch) -
     out = {"variant": variant, "compiled": compiled, "compile_backend": backend, "first_step_s": first,
            "step_s": times, "median_step_s": median, "tokens_per_s": batch.shape[0] * (batch.shape[1] - 1) / median,
            "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+           # identical blocks share one compiled graph: more than BF16's count means a recompile per layer
+           "compiled_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] if compiled else None,
            "losses": losses.tolist(), "finite": bool(torch.isfinite(losses).all())}
     del model, opt
     return out

@@ -14,7 +14,9 @@
 # Each step runs under a timeout: its own cap, or the time left before the deadline; a step that
 # fails or is cut does not stop the next. Results go to DIR/bench/results/<device>-{linear,gemm,cost,
 # host,quant,optim,step}.json, with <device>-perf-summary.json (device, commit, date, build, each step's command,
-# exit status and seconds) and <device>-perf-log.txt (every step's output).
+# exit status and seconds, and every step's output under "log"): eight files, as many as a GPU machine's output
+# folder hands back. Until the summary is written the output goes to <device>-perf-log.txt, so that a run
+# cut short keeps it.
 # Wheels the machine lacks (nvidia-cutlass for a build, torchao for its baselines: torchao==0.17.0
 # pairs with torch 2.11) travel in .whl/ at the repository root and are installed into a temporary
 # directory first; without torchao its baselines are recorded as "not importable".
@@ -52,6 +54,12 @@ slug=$(echo "$device" | tr 'A-Z' 'a-z' | sed -e 's/[^a-z0-9]\{1,\}/-/g' -e 's/^-
 log=$results/$slug-perf-log.txt
 commit=${SNIP_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 echo "# gpu_perf on $device, commit $commit, $(date -u '+%Y-%m-%d %H:%M UTC'), budget ${budget}s" | tee "$log"
+# The host-bound timings (small layers, bench_host, eager steps) read what else the CPU is doing: say so.
+load=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)
+if awk -v l="${load%% *}" -v n="$(nproc)" 'BEGIN { exit !(l + 0 > n / 2) }'; then
+  echo "gpu_perf: warning: load average $load on $(nproc) cores before the benchmarks; host-bound timings will read it" \
+    | tee -a "$log"
+fi
 
 # run_step NAME CAP OUTFILE CMD...: CMD under timeout min(CAP, time left - 5 s); a line per step in the TSV
 run_step() {
@@ -125,9 +133,9 @@ run_step optim 90 "$(out optim)" "$PY" -m bench.bench_optim gpu "${smoke[@]}" --
 run_step step 600 "$(out step)" "$PY" -m bench.bench_step --tune "${smoke[@]}" --out "$(out step)"
 
 summary=$results/$slug-perf-summary.json
-"$PY" - "$steps_tsv" "$summary" "$device" "$commit" "$budget" "$dry_run" "$(( SECONDS - start ))" <<'PY'
+"$PY" - "$steps_tsv" "$summary" "$device" "$commit" "$budget" "$dry_run" "$(( SECONDS - start ))" "$load" "$log" <<'PY'
 import datetime, json, os, platform, sys
-tsv, path, device, commit, budget, dry_run, seconds = sys.argv[1:]
+tsv, path, device, commit, budget, dry_run, seconds, load, log = sys.argv[1:]
 steps = []
 for line in open(tsv):
     name, rc, secs, limit, outfile, command = line.rstrip("\n").split("\t")
@@ -143,10 +151,12 @@ except Exception as e:  # the summary is written whatever broke
 summary = {"device": device, "commit": commit, "dry_run": dry_run == "1",
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "python": platform.python_version(), "platform": platform.platform(), "budget_s": int(budget),
-           "seconds": int(seconds), "build": build, "steps": steps}
+           "seconds": int(seconds), "loadavg_at_start": load, "build": build, "steps": steps,
+           "log": open(log, errors="replace").read().splitlines()}
 with open(path, "w") as f:
     json.dump(summary, f, indent=1)
     f.write("\n")
+os.remove(log)  # now in the summary
 for s in steps:
     status = "skipped" if s["skipped"] else f"exit {s['exit_status']}"
     print(f"{s['step']:>8} {status:>8} {s['seconds']:4d}s  {s['output'] or ''}")

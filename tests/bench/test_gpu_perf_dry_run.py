@@ -1,6 +1,6 @@
 """scripts/gpu_perf.sh --dry-run: every step of the GPU performance run in its CPU smoke setting, so
 that a command or flag that would fail on the GPU machine fails here first. Output to a temporary
-directory; at most 9 files, what a GPU machine's output folder hands back."""
+directory; at most 8 files, what a GPU machine's output folder hands back."""
 
 import json
 import os
@@ -27,8 +27,8 @@ def test_dry_run_writes_every_result(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = tmp_path / "bench" / "results"
     names = sorted(p.name for p in results.iterdir())
-    expected = [f"cpu-smoke-run-{s}.json" for s in STEPS + ["perf-summary"]] + ["cpu-smoke-run-perf-log.txt"]
-    assert names == sorted(expected) and len(names) <= 9
+    expected = [f"cpu-smoke-run-{s}.json" for s in STEPS + ["perf-summary"]]  # the log inside the summary
+    assert names == sorted(expected) and len(names) <= 8
     summary = json.loads((results / "cpu-smoke-run-perf-summary.json").read_text())
     assert summary["dry_run"] and summary["device"] == "cpu (smoke run)" and summary["seconds"] <= summary["budget_s"]
     assert [s["step"] for s in summary["steps"]] == STEPS
@@ -44,7 +44,7 @@ def test_dry_run_writes_every_result(tmp_path):
     for s in summary["steps"]:
         if s["step"] in ("linear", "step"):  # timed with the configs the autotuner picks for this GPU
             assert "--tune" in s["command"] and json.loads((results / s["output"]).read_text())["gemm_tuning"] == "tune"
-    assert "gpu_perf: step exit status 0" in (results / "cpu-smoke-run-perf-log.txt").read_text()
+    assert "gpu_perf: step exit status 0" in summary["log"] and summary["loadavg_at_start"]
 
 
 def test_unknown_option_is_refused(tmp_path):

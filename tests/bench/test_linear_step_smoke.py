@@ -63,6 +63,9 @@ def test_step_smoke(tmp_path):
         assert r["peak_memory_bytes"] is None and r["finite"] and len(r["step_s"]) == 2 and len(r["losses"]) == 3
         assert r["tokens_per_s"] > 0 and r["speedup_vs_bf16_same_compile"] > 0 and r["speedup_vs_bf16_eager"] > 0
         assert r["compile_backend"] == ("aot_eager" if r["compiled"] else None)
+    # every block compiled once: a snip layer's seed (one per layer) is no constant of the compiled code
+    graphs = {r["variant"]: r["compiled_graphs"] for r in result["runs"] if r["compiled"]}
+    assert graphs["fp8"] == graphs["snip_75"] == graphs["bf16"] and graphs["bf16"] >= 1
     plan = result["snip_75_plan"]
     assert plan["format"] == "snip-plan/1" and 0.75 <= plan["metrics"]["fp4_fraction"] < 0.8
     assert len(plan["plan"]) == 4 * 7  # every projection of the 4 blocks, not lm_head
