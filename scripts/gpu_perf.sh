@@ -148,7 +148,9 @@ try:
     build = snip_ops.build_info()
 except Exception as e:  # the summary is written whatever broke
     build = f"{type(e).__name__}: {e}"
-summary = {"device": device, "commit": commit, "dry_run": dry_run == "1",
+summary = {"device": device, "commit": commit,
+           "command": f"GPU_PERF_BUDGET_S={budget} scripts/gpu_perf.sh" + (" --dry-run" if dry_run == "1" else ""),
+           "dry_run": dry_run == "1",
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "python": platform.python_version(), "platform": platform.platform(), "budget_s": int(budget),
            "seconds": int(seconds), "loadavg_at_start": load, "build": build, "steps": steps,

@@ -13,7 +13,9 @@ measured. On the CPU the times are those of the reference implementation: a smok
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import subprocess
 from pathlib import Path
 
 from .errors import UsageError, user_input
@@ -38,6 +40,19 @@ def add_cost_arguments(p: argparse.ArgumentParser) -> None:
                    help="use the committed tuning table instead of timing the FP8 kernel configs first")
     p.add_argument("--device", default="auto", metavar="{auto,cpu,cuda}", help="(default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, metavar="JSON", help="where the cost table goes")
+
+
+def provenance(args: argparse.Namespace) -> dict:
+    """When, by which command and at which commit (None outside a git checkout) the table was made."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                                capture_output=True, text=True).stdout.strip() or None
+    except OSError:
+        commit = None
+    command = (f"snip cost --preset {args.preset} --tokens {args.tokens} --precisions {','.join(args.precisions)}"
+               + (" --no-tune" if args.no_tune else "") + f" --device {args.device} --out {args.out.name}")
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "command": command,
+            "commit": commit}
 
 
 def layer_dims(preset: str, tokens: int) -> list[tuple[int, int, int]]:
@@ -73,7 +88,7 @@ def run_cost_command(args: argparse.Namespace) -> int:
             table = gemm_timing.measure(dims, args.precisions, device)
     finally:
         autotune.configure(previous)
-    table = dict(table, preset=args.preset, tokens=args.tokens)
+    table = dict(provenance(args), **table, preset=args.preset, tokens=args.tokens)
     MeasuredCost.from_json(table)  # what --planner-cost-table will read
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(table, indent=1) + "\n")

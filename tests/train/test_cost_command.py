@@ -12,6 +12,9 @@ def test_snip_cost_writes_a_table_the_planner_reads(tmp_path, capsys):
                  "--out", str(out)]) == 0
     table = json.loads(out.read_text())
     assert table["preset"] == "tiny" and table["tokens"] == 64 and table["tuning"] == "tune"
+    # provenance, as every committed result carries (tests/test_committed_results.py)
+    assert table["command"] == "snip cost --preset tiny --tokens 64 --precisions bf16,fp8 --device cpu --out cost.json"
+    assert "commit" in table and table["date"]
     shapes = {(r["m"], r["n"], r["k"], r["gemm"]) for r in table["entries"]}
     assert {r["format"] for r in table["entries"]} == {"bf16", "fp8"} and len(table["entries"]) == 2 * len(shapes)
     assert all(r["m"] == 64 for r in table["entries"] if r["gemm"] != "wgrad")
