@@ -68,9 +68,9 @@ constexpr int64_t kScaleK = 128;
 // into a temporary and casts it -- the same single rounding of the FP32 result. The overlapped-
 // promotion mainloop is compiled for the kinds a linear layer's GEMMs use (128x128 B blocks with
 // BF16 out: fprop and dgrad; 1x128 with FP32 out: wgrad; E4M3 and E5M2 A), for E4M3 fprop/dgrad
-// also with a 2x1 cluster (B multicast), and is chosen only by a config; so is the 128x192 tile
-// (sm90/wide_tile_mainloop.cuh) for E4M3: fprop/dgrad with BF16 out (whose mainloop reads B's block
-// scales repeated per row: `per_row_b_scales`) and wgrad with BF16 or FP32 out.
+// also with a 2x1 cluster (B multicast), and is chosen only by a config. The 128x192 tile
+// (sm90/wide_tile_mainloop.cuh) is compiled for E4M3: fprop/dgrad with BF16 out (whose mainloop reads B's
+// block scales repeated per row: `per_row_b_scales`) and wgrad with BF16 or FP32 out.
 const Fp8BlockwiseVariant* const kVariants[] = {
 #if SNIP_HAS_SM90
     &gemm::sm90::kFp8Variant_b128_bf16_128x128,      &gemm::sm90::kFp8Variant_b128_bf16_64x128,
@@ -236,10 +236,6 @@ bool reads_per_row_b_scales(const Fp8BlockwiseVariant* v) {
 #endif
 }
 
-// Whether variant `v` runs only where a config names its tile: the 128x192 tiles, which no GPU has timed,
-// so that neither the heuristic nor a committed table can place them.
-bool chosen_by_name_only(const Fp8BlockwiseVariant* v) { return v->arch == 90 && v->tile_n == 192; }
-
 struct Choice {
   const Fp8BlockwiseVariant* variant;
   bool via_f32;  // the variant writes FP32 for a BF16 result
@@ -265,12 +261,9 @@ Choice pick_variant(const Kind& kind, int64_t m, int64_t n, int64_t k, const std
         return false;
     return true;
   };
-  auto named = [&](const Fp8BlockwiseVariant* v) {
-    return !chosen_by_name_only(v) || (ov.tile_m == v->tile_m && ov.tile_n == v->tile_n);
-  };
   std::vector<const Fp8BlockwiseVariant*> mainloop_vs;
   for (const auto* v : vs)
-    if (v->overlapped_promotion == overlapped && named(v) &&
+    if (v->overlapped_promotion == overlapped &&
         (ov.cluster_m ? v->cluster_m == ov.cluster_m && v->cluster_n == ov.cluster_n : fewest_along_m(v)))
       mainloop_vs.push_back(v);
   TORCH_CHECK(!mainloop_vs.empty(), kOp, "config '", config, "': ",
@@ -279,12 +272,15 @@ Choice pick_variant(const Kind& kind, int64_t m, int64_t n, int64_t k, const std
                            : std::string("promotion=overlapped"),
               " is not compiled for b_block=", kind.b_block, " and this a/output dtype on sm_", kind.arch,
               "a; compiled: ", tile_list(vs));
-  // A full 64x128 ping-pong tile's throughput relative to 128x128 cooperative: the median over the
-  // Llama and square shapes of bench/results/nvidia-h200-gemm-configs.json, wave quantization removed.
-  constexpr double kPingpong64Efficiency = 0.69;
+  // A full tile's throughput relative to 128x128 cooperative, wave quantization removed: the median over the
+  // fprop and dgrad shapes of bench/results/nvidia-h200-gemm-configs.json (64x128 ping-pong; 128x192, whose
+  // wgrad shapes' median is higher, is given the fprop/dgrad one everywhere).
+  constexpr double kPingpong64Efficiency = 0.67;
+  constexpr double kWide192Efficiency = 1.05;
   std::vector<gemm::TileCandidate> cands;
   for (const auto* v : mainloop_vs)
-    cands.push_back({v->tile_m, v->tile_n, v->cluster_m, v->cluster_n, v->tile_m == 64 ? kPingpong64Efficiency : 1.0});
+    cands.push_back({v->tile_m, v->tile_n, v->cluster_m, v->cluster_n,
+                     v->tile_m == 64 ? kPingpong64Efficiency : v->tile_n == 192 ? kWide192Efficiency : 1.0});
   const auto choice = gemm::choose_fp8_gemm_config(int(m), int(n), int(k), cands, sms);
   const Fp8BlockwiseVariant* v = mainloop_vs[choice.candidate];
   if (ov.tile_m) {

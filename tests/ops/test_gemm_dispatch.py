@@ -571,22 +571,55 @@ def test_sm90_traces_with_symbolic_shapes():
 @pytest.mark.parametrize(
     "m, n, k, b_block, out_dtype, tile",
     [
-        (8192, 8192, 8192, 128, torch.bfloat16, "128x128"),
-        (8192, 4096, 4096, 128, torch.bfloat16, "128x128"),
-        (4096, 4096, 4096, 128, torch.bfloat16, "128x128"),
+        # 22 waves of 128x192 against 32 of 128x128, each a little fuller: the wider tile's full-tile
+        # efficiency (kWide192Efficiency, from bench/results/nvidia-h200-gemm-configs.json) decides
+        (8192, 8192, 8192, 128, torch.bfloat16, "128x192"),
+        (8192, 28672, 8192, 128, torch.bfloat16, "128x192"),
+        (4096, 4096, 4096, 128, torch.bfloat16, "128x128"),  # 6 waves of 192-wide tiles, 1/8 of the last idle
         (256, 4096, 4096, 128, torch.bfloat16, "64x128"),  # 64 tiles of 128x128 would fill half the SMs
-        # 64x128 fills more of its waves than 128x128, not enough to make up for its slower full tile
-        # (kPingpong64Efficiency, from bench/results/nvidia-h200-gemm-configs.json)
-        (768, 4096, 4096, 128, torch.bfloat16, "128x128"),
+        (768, 4096, 4096, 128, torch.bfloat16, "128x192"),  # one full wave against two of 128x128
         (64, 64, 4096, 128, torch.bfloat16, "64x128"),
-        (256, 4096, 4096, 128, torch.float32, "128x128"),  # the only compiled FP32-output tile
+        (256, 4096, 4096, 128, torch.float32, "128x128"),  # the only compiled FP32-output tile over 128x128 B
         (4096, 4096, 8192, 1, torch.float32, "128x128"),
         (4096, 4096, 8192, 1, torch.bfloat16, "128x128"),
+        (28672, 8192, 8192, 1, torch.float32, "128x192"),
+        (8192, 1024, 4096, 128, torch.bfloat16, "128x128"),
     ],
 )
 def test_sm90_tile_heuristic(m, n, k, b_block, out_dtype, tile):
     text = torch.ops.snip_C.fp8_gemm_nt_blockwise_config(m, n, k, b_block, out_dtype, 132)
     assert f"tile={tile}" in text and "raster=auto swizzle=1" in text
+
+
+# The rule of csrc/gemm/fp8_gemm_heuristic.cpp, restated: each compiled tile's share of useful work in
+# its launched waves (CTA tiles rounded up to the cluster), times its full tile's relative throughput;
+# ties go to the earlier (bigger) tile.
+_SM90_E4M3_TILES = {  # (b_block, out dtype): [(tile_m, tile_n, cluster_m, cluster_n, efficiency)]
+    (128, torch.bfloat16): [(128, 128, 1, 2, 1.0), (64, 128, 1, 1, 0.67), (128, 192, 1, 2, 1.05)],
+    (128, torch.float32): [(128, 128, 1, 2, 1.0)],
+    (1, torch.bfloat16): [(128, 128, 1, 2, 1.0), (128, 192, 1, 2, 1.05)],
+    (1, torch.float32): [(128, 128, 1, 2, 1.0), (128, 192, 1, 2, 1.05)],
+}
+
+
+def _expected_tile(m: int, n: int, tiles, sms: int = 132) -> str:
+    def score(tm, tn, cm, cn, eff):
+        tiles_m, tiles_n = -(-(-(-m // tm)) // cm) * cm, -(-(-(-n // tn)) // cn) * cn
+        waves = -(-(tiles_m * tiles_n) // sms)
+        return m * n / (waves * sms * tm * tn) * eff
+
+    best = max(tiles, key=lambda t: (round(score(*t), 9), -tiles.index(t)))
+    return f"{best[0]}x{best[1]}"
+
+
+@needs_sm90_op
+@pytest.mark.parametrize("b_block, out_dtype", list(_SM90_E4M3_TILES))
+def test_sm90_tile_heuristic_follows_its_rule(b_block, out_dtype):
+    cfg = torch.ops.snip_C.fp8_gemm_nt_blockwise_config
+    tiles = _SM90_E4M3_TILES[(b_block, out_dtype)]
+    sizes = (1, 64, 192, 256, 768, 1000, 1024, 4096, 6144, 8192, 11008, 14336, 28672)
+    for m, n in itertools.product(sizes, sizes):
+        assert f"tile={_expected_tile(m, n, tiles)} " in cfg(m, n, 4096, b_block, out_dtype, 132, ""), (m, n)
 
 
 @needs_sm90_op
@@ -660,10 +693,10 @@ def test_sm90_config_overrides():
 
 
 @needs_sm90_op
-def test_sm90_128x192_tile_only_by_name():
-    """The 128x192 tiles (csrc/gemm/sm90/wide_tile_mainloop.cuh) run where a config names them, for E4M3: B in
-    128x128 blocks (fprop, dgrad) with BF16 output, 1x128 (wgrad) with BF16 or FP32; the heuristic, which has no
-    GPU timing of them, never picks them."""
+def test_sm90_128x192_tile_by_name():
+    """The 128x192 tiles (csrc/gemm/sm90/wide_tile_mainloop.cuh) run where a config names them (and where the
+    heuristic picks them), for E4M3: B in 128x128 blocks (fprop, dgrad) with BF16 output, 1x128 (wgrad) with BF16
+    or FP32; nowhere else."""
     cfg = torch.ops.snip_C.fp8_gemm_nt_blockwise_config
     for config in ("tile=128x192", "128x192", "tile=128x192,raster=n,swizzle=2"):
         got = cfg(8192, 14336, 4096, 128, torch.bfloat16, 132, config)
@@ -671,9 +704,9 @@ def test_sm90_128x192_tile_only_by_name():
         assert cfg(4096, 14336, 8192, 1, torch.bfloat16, 132, config).startswith("b1_bf16_128x192 tile=128x192")
         assert cfg(4096, 14336, 8192, 1, torch.float32, 132, config).startswith("b1_f32_128x192 tile=128x192")
     for m, n, k in itertools.product((1, 256, 1000, 8192), (192, 384, 4096, 6144, 14336), (128, 4096)):
-        for (b_block, out), config in itertools.product(((128, torch.bfloat16), (1, torch.bfloat16), (1, torch.float32)),
-                                                        ("", "raster=m", "promotion=serial")):
-            assert "128x192" not in cfg(m, n, k, b_block, out, 132, config)
+        for config in ("", "tile=128x128", "promotion=overlapped"):  # never with another A type or mainloop
+            assert "128x192" not in cfg(m, n, k, 128, torch.bfloat16, 132, config, 90, torch.float8_e5m2)
+        assert "128x192" not in cfg(m, n, k, 128, torch.bfloat16, 132, "promotion=overlapped")
     for args, match in [((1, torch.float32, 132, "tile=128x192,promotion=overlapped"),
                          "tile 128x192 with promotion=overlapped is not compiled for b_block=1"),
                         ((128, torch.float32, 132, "tile=128x192"), "tile 128x192 is not compiled for b_block=128"),
