@@ -8,24 +8,16 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from snip_train.source_commit import git_commit
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-
-
-def git_commit() -> str | None:
-    """The checked-out commit of the source tree; None outside a git checkout."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    except OSError:
-        return None
-    return out.stdout.strip() or None
 
 
 def command_line() -> str:

@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 from pathlib import Path
 
 from .errors import UsageError, user_input
+from .source_commit import git_commit
 
 COST_HELP = "measure each linear-layer GEMM of a model preset on this device, quantization included (a cost table)"
 
@@ -44,15 +44,10 @@ def add_cost_arguments(p: argparse.ArgumentParser) -> None:
 
 def provenance(args: argparse.Namespace) -> dict:
     """When, by which command and at which commit (None outside a git checkout) the table was made."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                                capture_output=True, text=True).stdout.strip() or None
-    except OSError:
-        commit = None
     command = (f"snip cost --preset {args.preset} --tokens {args.tokens} --precisions {','.join(args.precisions)}"
                + (" --no-tune" if args.no_tune else "") + f" --device {args.device} --out {args.out.name}")
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "command": command,
-            "commit": commit}
+            "commit": git_commit()}
 
 
 def layer_dims(preset: str, tokens: int) -> list[tuple[int, int, int]]:

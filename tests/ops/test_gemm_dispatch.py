@@ -5,6 +5,7 @@ paths' numerics, and the SASS of the built kernels (QGMMA on sm_90a, UTC*MMA on 
 
 import functools
 import itertools
+import math
 import importlib
 import os
 import re
@@ -604,8 +605,8 @@ _SM90_E4M3_TILES = {  # (b_block, out dtype): [(tile_m, tile_n, cluster_m, clust
 
 def _expected_tile(m: int, n: int, tiles, sms: int = 132) -> str:
     def score(tm, tn, cm, cn, eff):
-        tiles_m, tiles_n = -(-(-(-m // tm)) // cm) * cm, -(-(-(-n // tn)) // cn) * cn
-        waves = -(-(tiles_m * tiles_n) // sms)
+        tiles_m, tiles_n = math.ceil(m / tm / cm) * cm, math.ceil(n / tn / cn) * cn  # CTA tiles, whole clusters
+        waves = math.ceil(tiles_m * tiles_n / sms)
         return m * n / (waves * sms * tm * tn) * eff
 
     best = max(tiles, key=lambda t: (round(score(*t), 9), -tiles.index(t)))
