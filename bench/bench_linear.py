@@ -3,6 +3,7 @@ torchao is importable, torchao's `Float8Linear` (row-wise and tensor-wise recipe
 Llama-3 8B and 70B with 8192 tokens, side by side in one process.
 
     python -m bench.bench_linear               # a CUDA GPU: writes bench/results/<device>-linear.json
+    python -m bench.bench_linear --profile     # + each bf16 / snip_fp8 entry's kernels (bench.kernel_profile)
     python -m bench.bench_linear --smoke --out X   # seconds on the CPU (tiny shapes, one call each):
                                                    # the code runs, nothing is measured
 
@@ -48,6 +49,7 @@ import torch
 from torch import nn
 
 from bench.gpu_bench import apply_tuning, device_and_timer, timing_parser, write_device_result
+from bench.kernel_profile import kernel_profile
 from bench.run_record import provenance
 from snip_ops import LinearPrecision, SnipLinear, _ext, reuse_quantized_weights
 from snip_ops.formats import GEMMS, gemm_dims
@@ -66,6 +68,7 @@ SNIP_VARIANTS = {
     "snip_fp8_fwd_fp4_bwd": LinearPrecision(fprop="fp8", dgrad="fp4", wgrad="fp4"),
 }
 REUSED_WEIGHT_VARIANTS = ("snip_fp8_reused_weight",)
+PROFILED_VARIANTS = ("bf16", "snip_fp8")  # --profile: where the time of the baseline and of FP8 goes
 TORCHAO_RECIPES = ("rowwise", "tensorwise")
 FP4_KERNEL_PATHS = ("sm90_fp4", "sm100_fp4")
 
@@ -181,6 +184,8 @@ def run(args) -> dict:
                 entries.append(dict(model=model, layer=layer, in_features=k, out_features=n, tokens=tokens,
                                     variant=name, **desc, time_s=t, ms=t * 1e3, finite=finite,
                                     tflops=3 * 2.0 * tokens * n * k / t / 1e12))
+                if args.profile and name in PROFILED_VARIANTS:
+                    entries[-1]["profile"] = kernel_profile(fwd_bwd(mod, x, dy))
             for e in entries:
                 if e["model"] == model and e["layer"] == layer:
                     e["speedup_vs_bf16"] = times["bf16"] / e["time_s"] if "bf16" in times else None
@@ -211,6 +216,8 @@ def print_rows(rows: list[dict]) -> None:
 
 def main():
     p = timing_parser(__doc__, "linear")
+    p.add_argument("--profile", action="store_true",
+                   help=f"record the kernels of the {' and '.join(PROFILED_VARIANTS)} entries (bench.kernel_profile)")
     args = p.parse_args()
     result = run(args)
     print(f"\nwrote {write_device_result(result, 'linear', args.out)}")

@@ -8,7 +8,7 @@
 #      bench_host: the host time of one SnipLinear forward + backward, on a layer too small for the GPU to lag;
 #   2. bench_gemm --quick --configs: the GEMMs, with every compiled Hopper tile configuration;
 #   3. snip cost: the 1b preset's GEMMs with their quantization, FP8 configs tuned (the planner's table);
-#   4. bench_quant --quick and 5. bench_optim gpu: the quantizer and the BF16+SR AdamW;
+#   4. bench_quant (its three shapes) and 5. bench_optim gpu: the quantizer and the BF16+SR AdamW;
 #   6. bench_step: a training step of the 1b preset, eager and compiled (it takes what time is left,
 #      and rewrites its result after every run, so a cut leaves what it measured).
 # Each step runs under a timeout: its own cap, or the time left before the deadline; a step that
@@ -122,13 +122,13 @@ fi
 out() { echo "$results/$slug-$1.json"; }
 # --tune: the FP8 GEMM configs of each shape are timed first and the fastest kept (one disk cache for
 # every step), so the layer and step timings run the configs this GPU chose, the new ones included.
-run_step linear 150 "$(out linear)" "$PY" -m bench.bench_linear --tune "${smoke[@]}" --out "$(out linear)"
+run_step linear 150 "$(out linear)" "$PY" -m bench.bench_linear --tune --profile "${smoke[@]}" --out "$(out linear)"
 run_step host 45 "$(out host)" "$PY" -m bench.bench_host "${smoke[@]}" --out "$(out host)"
 # The GPU run's flags stay in the dry run (its smoke setting overrides the shapes), so they are checked too.
 run_step gemm 120 "$(out gemm)" "$PY" -m bench.bench_gemm --quick --configs "${smoke[@]}" --out "$(out gemm)"
 if [ $dry_run = 1 ]; then cost_shape=(--preset tiny --tokens 256 --device cpu); else cost_shape=(--preset 1b --tokens 8192); fi
 run_step cost 90 "$(out cost)" "$PY" -m snip_train cost "${cost_shape[@]}" --out "$(out cost)"
-run_step quant 90 "$(out quant)" "$PY" -m bench.bench_quant --quick "${smoke[@]}" --out "$(out quant)"
+run_step quant 90 "$(out quant)" "$PY" -m bench.bench_quant "${smoke[@]}" --out "$(out quant)"
 run_step optim 90 "$(out optim)" "$PY" -m bench.bench_optim gpu "${smoke[@]}" --out "$(out optim)"
 run_step step 600 "$(out step)" "$PY" -m bench.bench_step --tune "${smoke[@]}" --out "$(out step)"
 

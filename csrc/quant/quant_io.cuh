@@ -48,6 +48,34 @@ __device__ __forceinline__ void load_run(Run<T, N>& v, const T* row, int64_t c0,
   }
 }
 
+// The block's dynamic shared memory (the launch's bytes), 16-byte aligned.
+template <typename V>
+__device__ __forceinline__ V* dynamic_shared() {
+#if defined(SNIP_CUDA_HOST_SHIM)
+  return static_cast<V*>(snip_cuda_host::dynamic_shared());
+#else
+  extern __shared__ __align__(16) unsigned char snip_dynamic_shared[];
+  return reinterpret_cast<V*>(snip_dynamic_shared);
+#endif
+}
+
+// Starts a 16-byte copy from global to shared memory that completes behind the thread's other work
+// (cp.async, sm_80+; both addresses 16-byte aligned); wait_async_copies() waits for all of the
+// thread's copies and makes them visible to it (to it alone: other threads need a barrier too).
+__device__ __forceinline__ void copy_async16(uint4* smem, const uint4* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *smem = __ldg(gmem);
+#endif
+}
+__device__ __forceinline__ void wait_async_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 // |v| as a bit pattern with NaN clamped to Inf: block maxima are integer maxima, "non-finite" >= Inf.
 __device__ __forceinline__ uint32_t abs_bits(float v) { return min(f2u(v) & kAbsMask, kInfBits); }
 

@@ -2,7 +2,11 @@
 // x (docs/design.md §3: x for fprop and x^T for wgrad, dy for dgrad and dy^T for wgrad), and 2-D blocks
 // (16x16, 128x128: the weight blocks shared by w and w^T), with either or both outputs.
 //
-// Each CTA (512 threads) owns one 128x128 tile of x; a thread owns a 4-row x 8-column patch,
+// CTAs (512 threads, as many as are resident at once) stride over the 128x128 tiles of x: while a CTA
+// quantizes one tile, each thread's patch of its next tile is already on its way into shared memory
+// (cp.async into the thread's own stage slots; no barrier, as no other thread reads them), so that
+// the loads of x overlap the arithmetic instead of following it. Edge tiles and unaligned rows are
+// loaded when their turn comes. Within a tile a thread owns a 4-row x 8-column patch,
 // lanes laid out so that a warp covers 32 rows x 32 columns:
 //   row quad  rq = (warp % 4) * 8 + lane % 8   -> rows 4rq .. 4rq+3 of the tile
 //   col octet cc = (warp / 4) * 4 + lane / 8   -> columns 8cc .. 8cc+7
@@ -96,10 +100,15 @@ __device__ __forceinline__ void hadamard_patch(float (&h)[kPatchRows][kPatchCols
 enum class TileKind { kAny, kRowCol128, kSquare, kHadamard };
 
 struct Flags {
+  int64_t tiles;   // 128x128 tiles of the grid-stride loop
   bool vec_in;     // x rows 16-byte aligned
   bool vec_row;    // code rows of x allow one 8-byte (FP8) / 4-byte (FP4) store per patch row
   bool vec_col;    // code rows of x^T allow 32-bit stores
 };
+
+// 16-byte vectors of a thread's patch (4 rows of 8 elements) in its stage slots of shared memory.
+template <typename T> constexpr int kStageVecs = kPatchRows * int(sizeof(Run<T, kPatchCols>) / 16);
+template <typename T> constexpr size_t kStageBytes = size_t(kStageVecs<T>) * 16 * kThreads;
 
 template <typename T, Elem E, bool kSR, TileKind kKind>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -124,8 +133,6 @@ quantize_tile_kernel(const Args a, const Flags f) {
   const int rq = (warp % 4) * 8 + lane % 8;
   const int cc = (warp / 4) * 4 + lane / 8;
   const int64_t tiles_c = (max(a.cols, a.row.inner_store) + kTile - 1) / kTile;
-  const int64_t tile_r = int64_t(blockIdx.x) / tiles_c * kTile, tile_c = int64_t(blockIdx.x) % tiles_c * kTile;
-  const int64_t r0 = tile_r + kPatchRows * rq, c0 = tile_c + kPatchCols * cc;
   // What the kinds fix (their launchers check the arguments agree); kAny reads it from the arguments.
   const bool rows_out = kRowCol128 || (!kHad && a.row.codes != nullptr);
   const bool cols_out = kRowCol128 || kHad || a.col.codes != nullptr;
@@ -133,266 +140,308 @@ quantize_tile_kernel(const Args a, const Flags f) {
   const int B = kRowCol128 ? kTile : kHad ? kHadamardSize : a.spec.block_cols;
   // log2(B) (B is 16, 32 or 128): the block arithmetic below shifts and masks rather than divides.
   const int lgB = kRowCol128 ? 7 : kHad ? 4 : B == 16 ? 4 : B == 32 ? 5 : 7;
-
-  Run<T, kPatchCols> v[kPatchRows];
-#pragma unroll
-  for (int j = 0; j < kPatchRows; ++j) {
-    const bool in = r0 + j < a.rows;
-    load_run(v[j], static_cast<const T*>(a.x) + (in ? r0 + j : 0) * a.ld, c0, in ? a.cols : 0, f.vec_in);
-  }
-  // The values the column output quantizes: x's, or T x's (kHad; `h` is unused otherwise).
-  [[maybe_unused]] float h[kPatchRows][kPatchCols];
-  if constexpr (kHad) hadamard_patch(h, v, a.hadamard_signs, rq, lane);
-  const auto col_value = [&](int j, int i) -> float {
-    if constexpr (kHad) {
-      return h[j][i];
-    } else {
-      return v[j][i];
-    }
-  };
-  uint32_t rmax[kPatchRows] = {}, cmax[kPatchCols] = {};
-  if constexpr (kHad || sizeof(T) == 4) {
+  // The thread's stage slots: slot q of every thread side by side, so that a warp's 16-byte
+  // accesses are conflict-free.
+  uint4* const stage = dynamic_shared<uint4>() + threadIdx.x;
+  // Starts the loads of the thread's patch of tile t into its stage slots; false where the patch is
+  // not whole 16-byte vectors inside x (edge tiles, unaligned rows): that tile loads it directly.
+  const auto stage_patch = [&](int64_t t) -> bool {
+    const int64_t pr = t / tiles_c * kTile + kPatchRows * rq, pc = t % tiles_c * kTile + kPatchCols * cc;
+    if (!f.vec_in || pr + kPatchRows > a.rows || pc + kPatchCols > a.cols) return false;
+    constexpr int kVecs = kStageVecs<T> / kPatchRows;
 #pragma unroll
     for (int j = 0; j < kPatchRows; ++j)
 #pragma unroll
-      for (int i = 0; i < kPatchCols; ++i) {
-        rmax[j] = max(rmax[j], abs_bits(v[j][i]));
-        cmax[i] = max(cmax[i], abs_bits(col_value(j, i)));
-      }
-  } else {  // 16-bit x: the packed maxima of quant_io.cuh, along rows and down column pairs
-    uint32_t cpair[kPatchCols / 2] = {};
-#pragma unroll
-    for (int j = 0; j < kPatchRows; ++j) {
-      uint32_t rpair = 0;
-#pragma unroll
-      for (int k = 0; k < kPatchCols / 2; ++k) {
-        const uint32_t a = abs_pair<T>(pair_word(v[j], k));
-        rpair = max_u16x2(rpair, a);
-        cpair[k] = max_u16x2(cpair[k], a);
-      }
-      rmax[j] = abs_bits_of16<T>(max(rpair & 0xFFFFu, rpair >> 16));
-    }
-#pragma unroll
-    for (int k = 0; k < kPatchCols / 2; ++k) {
-      cmax[2 * k] = abs_bits_of16<T>(cpair[k] & 0xFFFFu);
-      cmax[2 * k + 1] = abs_bits_of16<T>(cpair[k] >> 16);
-    }
-  }
+      for (int q = 0; q < kVecs; ++q)
+        copy_async16(stage + (j * kVecs + q) * kThreads,
+                     reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + (pr + j) * a.ld + pc) + q);
+    return true;
+  };
 
-  // ---- block maxima, scales ----
-  const float ts = tensor_scale_of(a);
-  if (blockIdx.x == 0 && threadIdx.x == 0 && a.tensor_scale != nullptr) *a.tensor_scale = ts;
-  // T x's values are float32 sums, outside the significands `quotient`'s reciprocal was checked on.
-  constexpr bool kColReciprocal = !kHad && kReciprocalChecked<T>;
-  // kSquare: the patch's one block (every rmax[j] and cmax[i] is its maximum).
-  [[maybe_unused]] Divisor block_div;
-  if constexpr (two_d) {
-    uint32_t m = 0;
-#pragma unroll
-    for (int j = 0; j < kPatchRows; ++j) m = max(m, rmax[j]);
-    if (a.spec.block_rows == kTile) {  // one block per tile: whole warp, then all 16 warps
-      m = warp_max(m, 31);
-      if (lane == 0) red_row[0][warp] = m;
-      __syncthreads();
-#pragma unroll
-      for (int w = 0; w < kThreads / 32; ++w) m = max(m, red_row[0][w]);
-    } else {  // 16x16: 4 row quads x 2 column octets, inside the warp
-      m = warp_max(m, rq_bits(4) | cc_bits(2));
-    }
-    const int br = a.spec.block_rows;
-    const BlockScale bs = block_scale(m, a.spec.scale, E, ts);
-    block_div = divisor_of(bs.s, kReciprocalChecked<T>);
-    // The block's scale in output o, whose rows start at the patch's outer0 (kN of them, up to
-    // outer_end) and whose blocks along a row at inner0. Plain: one scale per block, stored by the
-    // patch at its corner; Blackwell: one per row of a block (its layout repeats a 16x16 block's
-    // scale on each of its rows), stored by the patches at the block's first inner index.
-    const auto store_block_scale = [&]<int kN>(const Output& o, int64_t outer0, int64_t outer_end, int64_t inner0,
-                                               bool first_inner, bool first_outer) {
-      if (inner0 >= o.inner_store || !first_inner) return;
-      const bool per_row = o.layout == ScaleLayout::kBlackwell;
-#pragma unroll
-      for (int k = 0; k < kN; ++k)
-        if (outer0 + k < outer_end && (per_row || (k == 0 && first_outer)))
-          store_scale(o, a.spec.scale, per_row ? outer0 + k : outer0 / br, inner0 / br, bs.stored);
+  // Quantizes tile (tile_r, tile_c), the thread's patch (r0, c0) in v.
+  const auto quantize_patch = [&](const int64_t tile_r, const int64_t tile_c, const int64_t r0, const int64_t c0,
+                                  const Run<T, kPatchCols> (&v)[kPatchRows]) {
+    // The values the column output quantizes: x's, or T x's (kHad; `h` is unused otherwise).
+    [[maybe_unused]] float h[kPatchRows][kPatchCols];
+    if constexpr (kHad) hadamard_patch(h, v, a.hadamard_signs, rq, lane);
+    const auto col_value = [&](int j, int i) -> float {
+      if constexpr (kHad) {
+        return h[j][i];
+      } else {
+        return v[j][i];
+      }
     };
-    const bool first_cc = cc % (br / kPatchCols) == 0, first_rq = rq % (br / kPatchRows) == 0;
-    if (rows_out) store_block_scale.template operator()<kPatchRows>(a.row, r0, a.rows, c0, first_cc, first_rq);
-    if (cols_out) store_block_scale.template operator()<kPatchCols>(a.col, c0, a.cols, r0, first_rq, first_cc);
-  } else {
-    // 1-D: the shuffles leave each block's maximum with all the lanes that share the block; 128-long
-    // blocks span the 4 warps of a quarter, whose partial maxima meet in red_row / red_col. Then one
-    // thread per block (nb = 128 / B blocks per tile row and per tile column) computes its scale
-    // (an IEEE division, for NVFP4 two and a rounding) and divisor (another) once, stores the scale
-    // and leaves the divisor in row_div / col_div, instead of each of the B / 8 (rows) or B / 4
-    // (columns) threads that share the block computing them again.
-    const int nc = B / kPatchCols, nr = B / kPatchRows;  // patches per block along a row / a column
-    const int nb = kTile >> lgB;
-    if (rows_out) {
+    uint32_t rmax[kPatchRows] = {}, cmax[kPatchCols] = {};
+    if constexpr (kHad || sizeof(T) == 4) {
 #pragma unroll
-      for (int j = 0; j < kPatchRows; ++j) rmax[j] = warp_max(rmax[j], cc_bits(min(nc, 4)));
-    }
-    if (cols_out) {
-#pragma unroll
-      for (int i = 0; i < kPatchCols; ++i) cmax[i] = warp_max(cmax[i], rq_bits(min(nr, 8)));
-    }
-    if (B == kTile) {
-      if (rows_out && lane / 8 == 0) {
-#pragma unroll
-        for (int j = 0; j < kPatchRows; ++j) red_row[warp / 4][kPatchRows * rq + j] = rmax[j];
-      }
-      if (cols_out && lane % 8 == 0) {
-#pragma unroll
-        for (int i = 0; i < kPatchCols; ++i) red_col[warp % 4][kPatchCols * cc + i] = cmax[i];
-      }
-    } else {  // the block's maximum, as float bits in its divisor slot until the divisor replaces it
-      if (rows_out && (cc & (nc - 1)) == 0) {
-#pragma unroll
-        for (int j = 0; j < kPatchRows; ++j)
-          row_div[slot(kPatchRows * rq + j, (kPatchCols * cc) >> lgB)].s = u2f(rmax[j]);
-      }
-      if (cols_out && (rq & (nr - 1)) == 0) {
-#pragma unroll
-        for (int i = 0; i < kPatchCols; ++i)
-          col_div[slot(kPatchCols * cc + i, (kPatchRows * rq) >> lgB)].s = u2f(cmax[i]);
-      }
-    }
-    __syncthreads();
-    const int row_blocks = rows_out ? kTile * nb : 0;
-    const int blocks = row_blocks + (cols_out ? kTile * nb : 0);
-    for (int k = threadIdx.x; k < blocks; k += kThreads) {
-      const bool row = k < row_blocks;
-      const int kk = row ? k : k - row_blocks;
-      const int t = kk >> (7 - lgB), b = kk & (nb - 1);  // tile row (column), its block
-      Divisor& d = (row ? row_div : col_div)[slot(t, b)];
-      uint32_t m = 0;
-      if (B == kTile) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) m = max(m, row ? red_row[q][t] : red_col[q][t]);
-      } else {
-        m = f2u(d.s);
-      }
-      const BlockScale bs = block_scale(m, a.spec.scale, E, ts);
-      d = divisor_of(bs.s, row ? kReciprocalChecked<T> : kColReciprocal);
-      if (row && tile_r + t < a.rows && tile_c + (b << lgB) < a.row.inner_store)
-        store_scale(a.row, a.spec.scale, tile_r + t, (tile_c >> lgB) + b, bs.stored);
-      if (!row && tile_c + t < a.cols && tile_r + (b << lgB) < a.col.inner_store)
-        store_scale(a.col, a.spec.scale, tile_c + t, (tile_r >> lgB) + b, bs.stored);
-    }
-    __syncthreads();
-  }
-
-  // ---- codes ----
-  // x^T codes of patch column i, rows 4rq .. 4rq+3 packed (row 4rq + j at bits j * kBits): one
-  // shared-memory store per column once the patch is done.
-  uint32_t tcol[kPatchCols] = {};
-  // SR goes row by row (a row's Philox blocks), reading each column's divisor from shared memory
-  // where it is used (hoisted out of the row loop, the 8 divisors spill under the 64-register cap).
-  // RNE goes column by column, one divisor at a time.
-  // Both outputs draw the same bits when their offsets agree: one Philox stream then serves both.
-  const bool same_bits = rows_out && a.row.offset == a.col.offset;
-  // kSquare: x^T codes are x codes, transposed (see the top), where both draw the same bits.
-  const bool codes_shared = two_d && rows_out && cols_out && (!kSR || same_bits);
-  const auto row_divisor = [&](int j) -> Divisor {
-    if constexpr (two_d) {
-      return block_div;
-    } else {
-      return row_div[slot(kPatchRows * rq + j, (kPatchCols * cc) >> lgB)];
-    }
-  };
-  const auto col_divisor = [&](int i) -> Divisor {
-    if constexpr (two_d) {
-      return block_div;
-    } else {
-      const volatile Divisor& d = col_div[slot(kPatchCols * cc + i, (kPatchRows * rq) >> lgB)];
-      return Divisor{d.s, d.r};
-    }
-  };
-#pragma unroll
-  for (int j = 0; j < kPatchRows; ++j) {
-    uint32_t w[kPatchCols / 2] = {};
-    if (kSR && rows_out && r0 + j < a.rows) run_bits<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.row.offset);
-    const bool row_store = rows_out && r0 + j < a.rows && c0 < a.row.inner_store;
-    if (row_store || codes_shared) {
-      constexpr int kWords = kPatchCols * kBits / 32;
-      uint32_t codes[kWords];  // rows past x's end are zeros: their codes are 0, as x^T's padding wants
-      run_codes<E, kSR>(codes, v[j], row_divisor(j), w);
-      if (codes_shared) {
-#pragma unroll
-        for (int i = 0; i < kPatchCols; ++i)
-          tcol[i] |= ((codes[i * kBits / 32] >> (i * kBits % 32)) & ((1u << kBits) - 1)) << (j * kBits);
-      }
-      if (!row_store) continue;
-      uint8_t* dst = static_cast<uint8_t*>(a.row.codes) + (r0 + j) * a.row.ld + c0 * kBits / 8;
-      if (f.vec_row && c0 + kPatchCols <= a.row.inner_store) {
-        if constexpr (kWords == 2) {
-          *reinterpret_cast<uint2*>(dst) = make_uint2(codes[0], codes[1]);
-        } else {
-          *reinterpret_cast<uint32_t*>(dst) = codes[0];
-        }
-      } else {
-#pragma unroll
-        for (int b = 0; b < kWords * 4; ++b)
-          if (c0 + b * (8 / kBits) < a.row.inner_store) dst[b] = uint8_t(codes[b / 4] >> (8 * (b % 4)));
-      }
-    }
-    if constexpr (kSR) {
-      if (cols_out && !codes_shared) {
-        // T x has a row for each row of the padded x (its SR index runs over them).
-        const int64_t sr_rows = kHad ? a.col.inner_store : a.rows;
-        if (!same_bits && r0 + j < sr_rows) run_bits<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.col.offset);
+      for (int j = 0; j < kPatchRows; ++j)
 #pragma unroll
         for (int i = 0; i < kPatchCols; ++i) {
-          const Divisor d = col_divisor(i);
-          if (!(fabsf(d.s) < INFINITY)) continue;
-          const float q = kColReciprocal ? quotient(col_value(j, i), d) : div_rn(col_value(j, i), d.s);
-          tcol[i] |= round_to_code(q, format_of(E), true, bits_of(w, i)) << (j * kBits);
+          rmax[j] = max(rmax[j], abs_bits(v[j][i]));
+          cmax[i] = max(cmax[i], abs_bits(col_value(j, i)));
+        }
+    } else {  // 16-bit x: the packed maxima of quant_io.cuh, along rows and down column pairs
+      uint32_t cpair[kPatchCols / 2] = {};
+#pragma unroll
+      for (int j = 0; j < kPatchRows; ++j) {
+        uint32_t rpair = 0;
+#pragma unroll
+        for (int k = 0; k < kPatchCols / 2; ++k) {
+          const uint32_t a = abs_pair<T>(pair_word(v[j], k));
+          rpair = max_u16x2(rpair, a);
+          cpair[k] = max_u16x2(cpair[k], a);
+        }
+        rmax[j] = abs_bits_of16<T>(max(rpair & 0xFFFFu, rpair >> 16));
+      }
+#pragma unroll
+      for (int k = 0; k < kPatchCols / 2; ++k) {
+        cmax[2 * k] = abs_bits_of16<T>(cpair[k] & 0xFFFFu);
+        cmax[2 * k + 1] = abs_bits_of16<T>(cpair[k] >> 16);
+      }
+    }
+
+    // ---- block maxima, scales ----
+    const float ts = tensor_scale_of(a);
+    if (tile_r == 0 && tile_c == 0 && threadIdx.x == 0 && a.tensor_scale != nullptr) *a.tensor_scale = ts;
+    // T x's values are float32 sums, outside the significands `quotient`'s reciprocal was checked on.
+    constexpr bool kColReciprocal = !kHad && kReciprocalChecked<T>;
+    // kSquare: the patch's one block (every rmax[j] and cmax[i] is its maximum).
+    [[maybe_unused]] Divisor block_div;
+    if constexpr (two_d) {
+      uint32_t m = 0;
+#pragma unroll
+      for (int j = 0; j < kPatchRows; ++j) m = max(m, rmax[j]);
+      if (a.spec.block_rows == kTile) {  // one block per tile: whole warp, then all 16 warps
+        m = warp_max(m, 31);
+        if (lane == 0) red_row[0][warp] = m;
+        __syncthreads();
+#pragma unroll
+        for (int w = 0; w < kThreads / 32; ++w) m = max(m, red_row[0][w]);
+      } else {  // 16x16: 4 row quads x 2 column octets, inside the warp
+        m = warp_max(m, rq_bits(4) | cc_bits(2));
+      }
+      const int br = a.spec.block_rows;
+      const BlockScale bs = block_scale(m, a.spec.scale, E, ts);
+      block_div = divisor_of(bs.s, kReciprocalChecked<T>);
+      // The block's scale in output o, whose rows start at the patch's outer0 (kN of them, up to
+      // outer_end) and whose blocks along a row at inner0. Plain: one scale per block, stored by the
+      // patch at its corner; Blackwell: one per row of a block (its layout repeats a 16x16 block's
+      // scale on each of its rows), stored by the patches at the block's first inner index.
+      const auto store_block_scale = [&]<int kN>(const Output& o, int64_t outer0, int64_t outer_end, int64_t inner0,
+                                                 bool first_inner, bool first_outer) {
+        if (inner0 >= o.inner_store || !first_inner) return;
+        const bool per_row = o.layout == ScaleLayout::kBlackwell;
+#pragma unroll
+        for (int k = 0; k < kN; ++k)
+          if (outer0 + k < outer_end && (per_row || (k == 0 && first_outer)))
+            store_scale(o, a.spec.scale, per_row ? outer0 + k : outer0 / br, inner0 / br, bs.stored);
+      };
+      const bool first_cc = cc % (br / kPatchCols) == 0, first_rq = rq % (br / kPatchRows) == 0;
+      if (rows_out) store_block_scale.template operator()<kPatchRows>(a.row, r0, a.rows, c0, first_cc, first_rq);
+      if (cols_out) store_block_scale.template operator()<kPatchCols>(a.col, c0, a.cols, r0, first_rq, first_cc);
+    } else {
+      // 1-D: the shuffles leave each block's maximum with all the lanes that share the block; 128-long
+      // blocks span the 4 warps of a quarter, whose partial maxima meet in red_row / red_col. Then one
+      // thread per block (nb = 128 / B blocks per tile row and per tile column) computes its scale
+      // (an IEEE division, for NVFP4 two and a rounding) and divisor (another) once, stores the scale
+      // and leaves the divisor in row_div / col_div, instead of each of the B / 8 (rows) or B / 4
+      // (columns) threads that share the block computing them again.
+      const int nc = B / kPatchCols, nr = B / kPatchRows;  // patches per block along a row / a column
+      const int nb = kTile >> lgB;
+      if (rows_out) {
+#pragma unroll
+        for (int j = 0; j < kPatchRows; ++j) rmax[j] = warp_max(rmax[j], cc_bits(min(nc, 4)));
+      }
+      if (cols_out) {
+#pragma unroll
+        for (int i = 0; i < kPatchCols; ++i) cmax[i] = warp_max(cmax[i], rq_bits(min(nr, 8)));
+      }
+      if (B == kTile) {
+        if (rows_out && lane / 8 == 0) {
+#pragma unroll
+          for (int j = 0; j < kPatchRows; ++j) red_row[warp / 4][kPatchRows * rq + j] = rmax[j];
+        }
+        if (cols_out && lane % 8 == 0) {
+#pragma unroll
+          for (int i = 0; i < kPatchCols; ++i) red_col[warp % 4][kPatchCols * cc + i] = cmax[i];
+        }
+      } else {  // the block's maximum, as float bits in its divisor slot until the divisor replaces it
+        if (rows_out && (cc & (nc - 1)) == 0) {
+#pragma unroll
+          for (int j = 0; j < kPatchRows; ++j)
+            row_div[slot(kPatchRows * rq + j, (kPatchCols * cc) >> lgB)].s = u2f(rmax[j]);
+        }
+        if (cols_out && (rq & (nr - 1)) == 0) {
+#pragma unroll
+          for (int i = 0; i < kPatchCols; ++i)
+            col_div[slot(kPatchCols * cc + i, (kPatchRows * rq) >> lgB)].s = u2f(cmax[i]);
+        }
+      }
+      __syncthreads();
+      const int row_blocks = rows_out ? kTile * nb : 0;
+      const int blocks = row_blocks + (cols_out ? kTile * nb : 0);
+      for (int k = threadIdx.x; k < blocks; k += kThreads) {
+        const bool row = k < row_blocks;
+        const int kk = row ? k : k - row_blocks;
+        const int t = kk >> (7 - lgB), b = kk & (nb - 1);  // tile row (column), its block
+        Divisor& d = (row ? row_div : col_div)[slot(t, b)];
+        uint32_t m = 0;
+        if (B == kTile) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) m = max(m, row ? red_row[q][t] : red_col[q][t]);
+        } else {
+          m = f2u(d.s);
+        }
+        const BlockScale bs = block_scale(m, a.spec.scale, E, ts);
+        d = divisor_of(bs.s, row ? kReciprocalChecked<T> : kColReciprocal);
+        if (row && tile_r + t < a.rows && tile_c + (b << lgB) < a.row.inner_store)
+          store_scale(a.row, a.spec.scale, tile_r + t, (tile_c >> lgB) + b, bs.stored);
+        if (!row && tile_c + t < a.cols && tile_r + (b << lgB) < a.col.inner_store)
+          store_scale(a.col, a.spec.scale, tile_c + t, (tile_r >> lgB) + b, bs.stored);
+      }
+      __syncthreads();
+    }
+
+    // ---- codes ----
+    // x^T codes of patch column i, rows 4rq .. 4rq+3 packed (row 4rq + j at bits j * kBits): one
+    // shared-memory store per column once the patch is done.
+    uint32_t tcol[kPatchCols] = {};
+    // SR goes row by row (a row's Philox blocks), reading each column's divisor from shared memory
+    // where it is used (hoisted out of the row loop, the 8 divisors spill under the 64-register cap).
+    // RNE goes column by column, one divisor at a time.
+    // Both outputs draw the same bits when their offsets agree: one Philox stream then serves both.
+    const bool same_bits = rows_out && a.row.offset == a.col.offset;
+    // kSquare: x^T codes are x codes, transposed (see the top), where both draw the same bits.
+    const bool codes_shared = two_d && rows_out && cols_out && (!kSR || same_bits);
+    const auto row_divisor = [&](int j) -> Divisor {
+      if constexpr (two_d) {
+        return block_div;
+      } else {
+        return row_div[slot(kPatchRows * rq + j, (kPatchCols * cc) >> lgB)];
+      }
+    };
+    const auto col_divisor = [&](int i) -> Divisor {
+      if constexpr (two_d) {
+        return block_div;
+      } else {
+        const volatile Divisor& d = col_div[slot(kPatchCols * cc + i, (kPatchRows * rq) >> lgB)];
+        return Divisor{d.s, d.r};
+      }
+    };
+#pragma unroll
+    for (int j = 0; j < kPatchRows; ++j) {
+      uint32_t w[kPatchCols / 2] = {};
+      if (kSR && rows_out && r0 + j < a.rows) run_bits<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.row.offset);
+      const bool row_store = rows_out && r0 + j < a.rows && c0 < a.row.inner_store;
+      if (row_store || codes_shared) {
+        constexpr int kWords = kPatchCols * kBits / 32;
+        uint32_t codes[kWords];  // rows past x's end are zeros: their codes are 0, as x^T's padding wants
+        run_codes<E, kSR>(codes, v[j], row_divisor(j), w);
+        if (codes_shared) {
+#pragma unroll
+          for (int i = 0; i < kPatchCols; ++i)
+            tcol[i] |= ((codes[i * kBits / 32] >> (i * kBits % 32)) & ((1u << kBits) - 1)) << (j * kBits);
+        }
+        if (!row_store) continue;
+        uint8_t* dst = static_cast<uint8_t*>(a.row.codes) + (r0 + j) * a.row.ld + c0 * kBits / 8;
+        if (f.vec_row && c0 + kPatchCols <= a.row.inner_store) {
+          if constexpr (kWords == 2) {
+            *reinterpret_cast<uint2*>(dst) = make_uint2(codes[0], codes[1]);
+          } else {
+            *reinterpret_cast<uint32_t*>(dst) = codes[0];
+          }
+        } else {
+#pragma unroll
+          for (int b = 0; b < kWords * 4; ++b)
+            if (c0 + b * (8 / kBits) < a.row.inner_store) dst[b] = uint8_t(codes[b / 4] >> (8 * (b % 4)));
+        }
+      }
+      if constexpr (kSR) {
+        if (cols_out && !codes_shared) {
+          // T x has a row for each row of the padded x (its SR index runs over them).
+          const int64_t sr_rows = kHad ? a.col.inner_store : a.rows;
+          if (!same_bits && r0 + j < sr_rows) run_bits<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.col.offset);
+#pragma unroll
+          for (int i = 0; i < kPatchCols; ++i) {
+            const Divisor d = col_divisor(i);
+            if (!(fabsf(d.s) < INFINITY)) continue;
+            const float q = kColReciprocal ? quotient(col_value(j, i), d) : div_rn(col_value(j, i), d.s);
+            tcol[i] |= round_to_code(q, format_of(E), true, bits_of(w, i)) << (j * kBits);
+          }
         }
       }
     }
-  }
-  if (!cols_out) return;
-  if (!kSR && !codes_shared) {  // RNE: rows (j, j + 1) of a column share the scale, so convert them as a pair
+    if (!cols_out) return;
+    if (!kSR && !codes_shared) {  // RNE: rows (j, j + 1) of a column share the scale, so convert them as a pair
+#pragma unroll
+      for (int i = 0; i < kPatchCols; ++i) {
+        const Divisor d = col_divisor(i);
+        if (!(fabsf(d.s) < INFINITY)) continue;
+        with_quotient<kColReciprocal>(d, [&](auto quotient_of) {
+#pragma unroll
+          for (int j = 0; j < kPatchRows; j += 2)
+            tcol[i] |= rne_codes2<E>(quotient_of(col_value(j, i)), quotient_of(col_value(j + 1, i))) << (j * kBits);
+        });
+      }
+    }
+    // Bank check (words): FP8 (8cc + i) * 33 + rq, FP4 (8cc + i) * 17 + rq / 2 -> distinct per warp.
 #pragma unroll
     for (int i = 0; i < kPatchCols; ++i) {
-      const Divisor d = col_divisor(i);
-      if (!(fabsf(d.s) < INFINITY)) continue;
-      with_quotient<kColReciprocal>(d, [&](auto quotient_of) {
-#pragma unroll
-        for (int j = 0; j < kPatchRows; j += 2)
-          tcol[i] |= rne_codes2<E>(quotient_of(col_value(j, i)), quotient_of(col_value(j + 1, i))) << (j * kBits);
-      });
+      uint8_t* dst = tcodes + (kPatchCols * cc + i) * kPitch + kPatchRows * rq * kBits / 8;
+      if constexpr (kFp4) {
+        *reinterpret_cast<uint16_t*>(dst) = uint16_t(tcol[i]);
+      } else {
+        *reinterpret_cast<uint32_t*>(dst) = tcol[i];
+      }
     }
-  }
-  // Bank check (words): FP8 (8cc + i) * 33 + rq, FP4 (8cc + i) * 17 + rq / 2 -> distinct per warp.
-#pragma unroll
-  for (int i = 0; i < kPatchCols; ++i) {
-    uint8_t* dst = tcodes + (kPatchCols * cc + i) * kPitch + kPatchRows * rq * kBits / 8;
-    if constexpr (kFp4) {
-      *reinterpret_cast<uint16_t*>(dst) = uint16_t(tcol[i]);
-    } else {
-      *reinterpret_cast<uint32_t*>(dst) = tcol[i];
-    }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  // ---- x^T codes: shared memory -> rows of x^T, 32-bit words ----
-  constexpr int kRowWords = kTile * kBits / 32;        // 32 (FP8) or 16 (FP4) words per tile row
-  constexpr int kRowsPerPass = kThreads / kRowWords;   // 16 or 32
-  const int wi = threadIdx.x % kRowWords;
-  const int64_t row_bytes = kFp4 ? (a.col.inner_store + 1) / 2 : a.col.inner_store;
-  const int64_t b0 = tile_r * kBits / 8 + 4 * wi;     // byte offset of this word in its x^T row
+    // ---- x^T codes: shared memory -> rows of x^T, 32-bit words ----
+    constexpr int kRowWords = kTile * kBits / 32;        // 32 (FP8) or 16 (FP4) words per tile row
+    constexpr int kRowsPerPass = kThreads / kRowWords;   // 16 or 32
+    const int wi = threadIdx.x % kRowWords;
+    const int64_t row_bytes = kFp4 ? (a.col.inner_store + 1) / 2 : a.col.inner_store;
+    const int64_t b0 = tile_r * kBits / 8 + 4 * wi;     // byte offset of this word in its x^T row
 #pragma unroll
-  for (int p = 0; p < kTile / kRowsPerPass; ++p) {
-    const int trow = threadIdx.x / kRowWords + p * kRowsPerPass;
-    const int64_t c = tile_c + trow;
-    if (c >= a.cols || b0 >= row_bytes) continue;
-    const uint32_t word = *reinterpret_cast<const uint32_t*>(tcodes + trow * kPitch + 4 * wi);
-    uint8_t* dst = static_cast<uint8_t*>(a.col.codes) + c * a.col.ld + b0;
-    if (f.vec_col && b0 + 4 <= row_bytes) {
-      *reinterpret_cast<uint32_t*>(dst) = word;
-    } else {
-      for (int b = 0; b < 4 && b0 + b < row_bytes; ++b) dst[b] = uint8_t(word >> (8 * b));
+    for (int p = 0; p < kTile / kRowsPerPass; ++p) {
+      const int trow = threadIdx.x / kRowWords + p * kRowsPerPass;
+      const int64_t c = tile_c + trow;
+      if (c >= a.cols || b0 >= row_bytes) continue;
+      const uint32_t word = *reinterpret_cast<const uint32_t*>(tcodes + trow * kPitch + 4 * wi);
+      uint8_t* dst = static_cast<uint8_t*>(a.col.codes) + c * a.col.ld + b0;
+      if (f.vec_col && b0 + 4 <= row_bytes) {
+        *reinterpret_cast<uint32_t*>(dst) = word;
+      } else {
+        for (int b = 0; b < 4 && b0 + b < row_bytes; ++b) dst[b] = uint8_t(word >> (8 * b));
+      }
     }
+  };
+
+  // Grid-stride over tiles, the next tile's patch loading while this one is quantized.
+  bool staged = stage_patch(blockIdx.x);
+  for (int64_t tile = blockIdx.x; tile < f.tiles; tile += gridDim.x) {
+    const int64_t tile_r = tile / tiles_c * kTile, tile_c = tile % tiles_c * kTile;
+    const int64_t r0 = tile_r + kPatchRows * rq, c0 = tile_c + kPatchCols * cc;
+    Run<T, kPatchCols> v[kPatchRows];
+    if (staged) {
+      wait_async_copies();
+      constexpr int kVecs = kStageVecs<T> / kPatchRows;
+#pragma unroll
+      for (int j = 0; j < kPatchRows; ++j)
+#pragma unroll
+        for (int q = 0; q < kVecs; ++q) v[j].raw[q] = stage[(j * kVecs + q) * kThreads];
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPatchRows; ++j) {
+        const bool in = r0 + j < a.rows;
+        load_run(v[j], static_cast<const T*>(a.x) + (in ? r0 + j : 0) * a.ld, c0, in ? a.cols : 0, f.vec_in);
+      }
+    }
+    // The slots are free again (this thread alone reads them): start the next tile's loads.
+    staged = tile + gridDim.x < f.tiles && stage_patch(tile + gridDim.x);
+    quantize_patch(tile_r, tile_c, r0, c0, v);
+    // The next turn's shared-memory writes wait until every thread is done with this tile's.
+    __syncthreads();
   }
 }
 
@@ -402,12 +451,18 @@ cudaError_t launch(const Args& a, cudaStream_t stream) {
   const int64_t cols = a.row.codes ? std::max(a.cols, a.row.inner_store) : a.cols;
   const int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
   if (tiles > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  if (tiles == 0) return cudaSuccess;
   constexpr int kRowBytes = kPatchCols * kCodeBits<E> / 8;
   Flags f;
+  f.tiles = tiles;
   f.vec_in = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && (a.ld * int64_t(sizeof(T))) % 16 == 0;
   f.vec_row = reinterpret_cast<uintptr_t>(a.row.codes) % kRowBytes == 0 && a.row.ld % kRowBytes == 0;
   f.vec_col = reinterpret_cast<uintptr_t>(a.col.codes) % 4 == 0 && a.col.ld % 4 == 0;
-  launch_kernel(quantize_tile_kernel<T, E, kSR, kKind>, unsigned(tiles), kThreads, 0, stream, a, f);
+  constexpr auto kernel = quantize_tile_kernel<T, E, kSR, kKind>;
+  int64_t ctas = 0;
+  const cudaError_t e = resident_ctas<kernel>(kThreads, kStageBytes<T>, tiles, ctas);
+  if (e != cudaSuccess) return e;
+  launch_kernel(kernel, unsigned(ctas), kThreads, kStageBytes<T>, stream, a, f);
   return cudaGetLastError();
 }
 

@@ -18,13 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 PROVENANCE = {"date", "commit", "command", "platform", "cpus", "torch"}
 
 
-def _smoke(tmp_path: Path, module: str) -> dict:
+def _smoke(tmp_path: Path, module: str, *flags: str) -> dict:
     out = tmp_path / f"{module}.json"
-    warm_python.run([sys.executable, "-m", f"bench.{module}", "--smoke", "--out", str(out)], cwd=ROOT, check=True,
-                   capture_output=True, text=True, timeout=300)
+    warm_python.run([sys.executable, "-m", f"bench.{module}", "--smoke", *flags, "--out", str(out)], cwd=ROOT,
+                    check=True, capture_output=True, text=True, timeout=300)
     result = json.loads(out.read_text())
     assert result["device"] == "cpu (smoke run)" and PROVENANCE <= set(result)
-    assert result["command"] == f"python -m bench.{module} --smoke --out {out}"
+    assert result["command"] == " ".join([f"python -m bench.{module} --smoke", *flags, f"--out {out}"])
     return result
 
 
@@ -35,7 +35,7 @@ def _torchao_expected(result: dict) -> set[str]:
 
 
 def test_linear_smoke(tmp_path):
-    result = _smoke(tmp_path, "bench_linear")
+    result = _smoke(tmp_path, "bench_linear", "--profile")
     assert result["tokens"] == 256 and result["capability"] is None
     layers = {(e["model"], e["layer"]) for e in result["entries"]}
     assert layers == {("smoke", n) for n in ("q_proj/o_proj", "k_proj/v_proj", "gate_proj/up_proj", "down_proj")}
@@ -51,6 +51,12 @@ def test_linear_smoke(tmp_path):
             assert e["speedup_vs_bf16"] == 1.0
         if e["variant"].startswith("snip"):
             assert e["paths"] == {"fprop": "fp32", "dgrad": "fp32", "wgrad": "fp32"}  # the CPU's GEMM path
+        # --profile: the baseline's and FP8's host time per call; no CUDA kernels on the CPU
+        if e["variant"] in ("bf16", "snip_fp8"):
+            assert e["profile"]["calls"] == 3 and e["profile"]["host_us_per_call"] > 0
+            assert e["profile"]["kernels"] == [] and e["profile"]["device_us_per_call"] == 0
+        else:
+            assert "profile" not in e
 
 
 def test_step_smoke(tmp_path):

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <vector>
 
 uint3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
@@ -33,6 +34,7 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kMaxThreads = 1024;
 constexpr size_t kStackBytes = size_t(128) << 10;
+constexpr size_t kMaxDynamicSmemBytes = size_t(227) << 10;  // Hopper's and Blackwell's opt-in limit per block
 
 enum class State { kReady, kBarrier, kShuffle, kExited };
 
@@ -59,6 +61,7 @@ struct Runtime {
   cudaError_t error = cudaSuccess;
   std::string message;
   bool skip_barriers = false;
+  std::vector<uint4> dynamic_smem;  // uint4: the 16-byte alignment a GPU gives it
 };
 
 Runtime rt;
@@ -245,11 +248,12 @@ void launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, void (*body)(const
                  std::to_string(block.y) + ", " + std::to_string(block.z) + ")";
     return;
   }
-  if (dynamic_smem_bytes != 0) {  // no kernel here uses extern __shared__
+  if (dynamic_smem_bytes > kMaxDynamicSmemBytes) {
     rt.error = cudaErrorInvalidValue;
-    rt.message = "dynamic shared memory is not supported by the host shim";
+    rt.message = "dynamic shared memory of " + std::to_string(dynamic_smem_bytes) + " bytes: more than a block may have";
     return;
   }
+  rt.dynamic_smem.assign((dynamic_smem_bytes + 15) / 16, uint4{});
   allocate_threads();
   const TlsBlock smem = shared_memory();
   blockDim = block;
@@ -264,6 +268,7 @@ void launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, void (*body)(const
       for (unsigned x = 0; x < grid.x && !rt.block_failed; ++x) {
         blockIdx = uint3{x, y, z};
         std::memset(smem.data, 0xFF, smem.bytes);
+        if (!rt.dynamic_smem.empty()) std::memset(rt.dynamic_smem.data(), 0xFF, rt.dynamic_smem.size() * 16);
         for (int i = 0; i < rt.count; ++i) {
           Thread& t = rt.threads[i];
           t.state = State::kReady;
@@ -277,6 +282,8 @@ void launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, void (*body)(const
       }
   rt.current = -1;
 }
+
+void* dynamic_shared() { return rt.dynamic_smem.empty() ? nullptr : rt.dynamic_smem.data(); }
 
 void barrier(const char* file, unsigned line) {
   if (rt.skip_barriers) return;

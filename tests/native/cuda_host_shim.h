@@ -29,6 +29,9 @@ namespace snip_cuda_host {
 // cudaGetLastError (and snip_cuda_host_error()).
 void launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, void (*body)(const void*), const void* closure);
 void barrier(const char* file, unsigned line);
+// The block's dynamic shared memory (`extern __shared__` on a GPU): the launch's bytes, 16-byte
+// aligned, filled like static shared memory before each block.
+void* dynamic_shared();
 uint64_t shuffle_xor(uint32_t mask, uint64_t value, int lane_mask, const char* file, unsigned line);
 
 }  // namespace snip_cuda_host
