@@ -10,7 +10,8 @@
 #   3. snip cost: the 1b preset's GEMMs with their quantization, FP8 configs tuned (the planner's table);
 #   4. bench_quant (its three shapes) and 5. bench_optim gpu: the quantizer and the BF16+SR AdamW;
 #   6. bench_step: a training step of the 1b preset, eager and compiled (it takes what time is left,
-#      and rewrites its result after every run, so a cut leaves what it measured).
+#      and rewrites its result after every run, so a cut leaves what it measured);
+#   7. the tile quantizer's GPU tests, bit for bit against the CPU reference (their output in the log).
 # Each step runs under a timeout: its own cap, or the time left before the deadline; a step that
 # fails or is cut does not stop the next. Results go to DIR/bench/results/<device>-{linear,gemm,cost,
 # host,quant,optim,step}.json, with <device>-perf-summary.json (device, commit, date, build, each step's command,
@@ -131,6 +132,10 @@ run_step cost 90 "$(out cost)" "$PY" -m snip_train cost "${cost_shape[@]}" --out
 run_step quant 90 "$(out quant)" "$PY" -m bench.bench_quant "${smoke[@]}" --out "$(out quant)"
 run_step optim 90 "$(out optim)" "$PY" -m bench.bench_optim gpu "${smoke[@]}" --out "$(out optim)"
 run_step step 600 "$(out step)" "$PY" -m bench.bench_step --tune "${smoke[@]}" --out "$(out step)"
+# Last, so that its load on the CPU (the oracle runs there) touches no timing: the tile quantizer's GPU tests
+# against the CPU reference, bit for bit (the shapes that take CTAs over several tiles among them).
+run_step quant-tests 90 "" bash scripts/pytest_parallel.sh "$PY" -m gpu -q -p no:cacheprovider \
+  tests/ops/test_quant_kernels_gpu.py -k "large or fused or bigger or 2d_blocks or sr_transposed"
 
 summary=$results/$slug-perf-summary.json
 "$PY" - "$steps_tsv" "$summary" "$device" "$commit" "$budget" "$dry_run" "$(( SECONDS - start ))" "$load" "$log" <<'PY'

@@ -15,7 +15,8 @@ from planner.cost import MeasuredCost
 from snip_ops import _ext
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ["linear", "host", "gemm", "cost", "quant", "optim", "step"]
+STEPS = ["linear", "host", "gemm", "cost", "quant", "optim", "step"]  # each writes <device>-<step>.json
+CHECKS = ["quant-tests"]  # its output goes to the log, inside the summary
 
 
 @pytest.mark.skipif(not _ext.kernel_available("quantize", "cpu"),
@@ -31,9 +32,13 @@ def test_dry_run_writes_every_result(tmp_path):
     assert names == sorted(expected) and len(names) <= 8
     summary = json.loads((results / "cpu-smoke-run-perf-summary.json").read_text())
     assert summary["dry_run"] and summary["device"] == "cpu (smoke run)" and summary["seconds"] <= summary["budget_s"]
-    assert [s["step"] for s in summary["steps"]] == STEPS
+    assert [s["step"] for s in summary["steps"]] == STEPS + CHECKS
     for s in summary["steps"]:
-        assert s["exit_status"] == 0 and s["output_written"]
+        assert s["exit_status"] == 0
+        if s["step"] in CHECKS:  # the GPU tests, collected and skipped on the CPU
+            assert s["output"] is None and "-m gpu" in s["command"]
+            continue
+        assert s["output_written"]
         if s["step"] == "cost":  # `snip cost` on the CPU: the tiny preset, a table the planner reads
             assert "--preset tiny" in s["command"]
             MeasuredCost.from_json(results / s["output"])
@@ -41,6 +46,7 @@ def test_dry_run_writes_every_result(tmp_path):
         assert "--smoke" in s["command"]
         assert json.loads((results / s["output"]).read_text())["device"] == "cpu (smoke run)"
     assert "--quick --configs" in summary["steps"][2]["command"]  # the GPU run's flags, checked here too
+    assert "--profile" in summary["steps"][0]["command"] and "--quick" not in summary["steps"][4]["command"]
     for s in summary["steps"]:
         if s["step"] in ("linear", "step"):  # timed with the configs the autotuner picks for this GPU
             assert "--tune" in s["command"] and json.loads((results / s["output"]).read_text())["gemm_tuning"] == "tune"
