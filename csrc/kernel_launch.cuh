@@ -39,6 +39,17 @@ inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
 #endif
 }
 
+// The block's dynamic shared memory (`extern __shared__`: the launch's smem_bytes), 16-byte aligned.
+template <typename V>
+__device__ __forceinline__ V* dynamic_shared() {
+#if defined(SNIP_CUDA_HOST_SHIM)
+  return static_cast<V*>(snip_cuda_host::dynamic_shared());
+#else
+  extern __shared__ __align__(16) unsigned char snip_dynamic_shared[];
+  return reinterpret_cast<V*>(snip_dynamic_shared);
+#endif
+}
+
 // CTAs for a grid-stride kernel over `work` items: as many as are resident at once on the current
 // device (CTAs per SM x SMs, queried once per device; the kernel's dynamic shared memory opted into
 // on the way), never more than the items. Under the host shim a few, so that the tests run CTAs

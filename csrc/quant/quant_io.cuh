@@ -48,17 +48,6 @@ __device__ __forceinline__ void load_run(Run<T, N>& v, const T* row, int64_t c0,
   }
 }
 
-// The block's dynamic shared memory (the launch's bytes), 16-byte aligned.
-template <typename V>
-__device__ __forceinline__ V* dynamic_shared() {
-#if defined(SNIP_CUDA_HOST_SHIM)
-  return static_cast<V*>(snip_cuda_host::dynamic_shared());
-#else
-  extern __shared__ __align__(16) unsigned char snip_dynamic_shared[];
-  return reinterpret_cast<V*>(snip_dynamic_shared);
-#endif
-}
-
 // Starts a 16-byte copy from global to shared memory that completes behind the thread's other work
 // (cp.async, sm_80+; both addresses 16-byte aligned); wait_async_copies() waits for all of the
 // thread's copies and makes them visible to it (to it alone: other threads need a barrier too).

@@ -19,6 +19,22 @@ __global__ void neighbour_through_shared_memory(uint32_t* out) {
   out[blockIdx.x * kThreads + threadIdx.x] = slot[(threadIdx.x + 1) % kThreads];
 }
 
+// The same through dynamic shared memory (the launch's smem_bytes).
+__global__ void neighbour_through_dynamic_shared_memory(uint32_t* out) {
+  uint32_t* slot = snip::dynamic_shared<uint32_t>();
+  slot[threadIdx.x] = 2000 + threadIdx.x;
+  __syncthreads();
+  out[blockIdx.x * kThreads + threadIdx.x] = slot[(threadIdx.x + 1) % kThreads];
+}
+
+// Each thread reads its dynamic slot before writing it: every block, not just the first, reads the
+// fill pattern.
+__global__ void dynamic_shared_memory_per_block(uint32_t* out) {
+  uint32_t* slot = snip::dynamic_shared<uint32_t>();
+  out[blockIdx.x * kThreads + threadIdx.x] = slot[threadIdx.x];
+  slot[threadIdx.x] = threadIdx.x;
+}
+
 // out[t] = t ^ 5 from lane t ^ 5.
 __global__ void xor_shuffle(uint32_t* out) {
   out[threadIdx.x] = __shfl_xor_sync(0xFFFFFFFFu, uint32_t(threadIdx.x), 5);
@@ -84,23 +100,28 @@ __global__ void local_array_overrun(uint32_t* out) {
 // launch's cudaError_t, -1 for an unknown name.
 extern "C" int snip_cuda_host_selftest(const char* name, int blocks, uint32_t* out) {
   using Kernel = void (*)(uint32_t*);
+  constexpr size_t kSlots = kThreads * sizeof(uint32_t);
   const struct {
     std::string_view name;
     Kernel kernel;
+    size_t smem_bytes;  // dynamic shared memory
   } kernels[] = {
-      {"neighbour_through_shared_memory", neighbour_through_shared_memory},
-      {"xor_shuffle", xor_shuffle},
-      {"barrier_after_early_exit", barrier_after_early_exit},
-      {"unwritten_shared_memory", unwritten_shared_memory},
-      {"divergent_barrier", divergent_barrier},
-      {"shuffle_deadlock", shuffle_deadlock},
-      {"shuffle_with_exited_lane", shuffle_with_exited_lane},
-      {"misaligned_vector_load", misaligned_vector_load},
-      {"local_array_overrun", local_array_overrun},
+      {"neighbour_through_shared_memory", neighbour_through_shared_memory, 0},
+      {"neighbour_through_dynamic_shared_memory", neighbour_through_dynamic_shared_memory, kSlots},
+      {"dynamic_shared_memory_per_block", dynamic_shared_memory_per_block, kSlots},
+      {"too_much_dynamic_shared_memory", neighbour_through_dynamic_shared_memory, size_t(228) << 10},
+      {"xor_shuffle", xor_shuffle, 0},
+      {"barrier_after_early_exit", barrier_after_early_exit, 0},
+      {"unwritten_shared_memory", unwritten_shared_memory, 0},
+      {"divergent_barrier", divergent_barrier, 0},
+      {"shuffle_deadlock", shuffle_deadlock, 0},
+      {"shuffle_with_exited_lane", shuffle_with_exited_lane, 0},
+      {"misaligned_vector_load", misaligned_vector_load, 0},
+      {"local_array_overrun", local_array_overrun, 0},
   };
   for (const auto& k : kernels) {
     if (k.name != name) continue;
-    snip::launch_kernel(k.kernel, unsigned(blocks), kThreads, 0, nullptr, out);
+    snip::launch_kernel(k.kernel, unsigned(blocks), kThreads, k.smem_bytes, nullptr, out);
     return cudaGetLastError();
   }
   return -1;

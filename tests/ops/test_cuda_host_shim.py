@@ -29,6 +29,24 @@ def test_shared_memory_and_barrier(lib):
     assert torch.equal(out[: 3 * THREADS], want)
 
 
+def test_dynamic_shared_memory_and_barrier(lib):
+    out = launch(lib, "neighbour_through_dynamic_shared_memory", blocks=3)
+    t = torch.arange(THREADS)
+    assert torch.equal(out[: 3 * THREADS], (2000 + (t + 1) % THREADS).repeat(3))
+
+
+def test_dynamic_shared_memory_is_filled_again_for_every_block(lib):
+    # as CUDA gives no block another's shared memory: what a block left is never read as data
+    out = launch(lib, "dynamic_shared_memory_per_block", blocks=3)
+    assert out[: 3 * THREADS].eq(0xFFFFFFFF).all()
+
+
+def test_more_dynamic_shared_memory_than_a_block_may_have(lib):
+    with pytest.raises(cuda_host.LaunchError, match="cudaError 1: dynamic shared memory of 233472 bytes"):
+        launch(lib, "too_much_dynamic_shared_memory")
+    launch(lib, "xor_shuffle")  # the next launch runs normally
+
+
 def test_xor_shuffle(lib):
     out = launch(lib, "xor_shuffle")
     assert torch.equal(out[:THREADS], torch.arange(THREADS) ^ 5)
