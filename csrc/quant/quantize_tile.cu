@@ -16,8 +16,9 @@
 // Philox block per patch row (8 consecutive elements of a row), exactly the reference's blocks. Codes of
 // x^T go to shared memory transposed (one 32-bit / 16-bit store per patch column, conflict-free
 // with the padded pitch) and leave as coalesced 32-bit stores along the rows of x^T.
-// __launch_bounds__(512, 2) caps registers at 64 so that two CTAs share an SM and one loads while
-// the other computes (float32 inputs spill a few bytes in some kinds; 16-bit inputs none).
+// __launch_bounds__(512, 2) caps registers at 64 so that two CTAs share an SM (float32 inputs spill a
+// few bytes in some kinds; 16-bit inputs none in the layer's kinds, which scripts/check_sass.sh holds to
+// that, and a few in kAny with SR).
 // Four kinds per (input, element, rounding) (TileKind; kHadamard for E2M1 only): kAny takes 1-D blocks of any length
 // and reads its blocks and outputs from the arguments; kRowCol128 (the layer's hot case: both outputs
 // of 1x128 blocks), kSquare (2-D blocks, the weights') and kHadamard fix theirs at compile time, so the
