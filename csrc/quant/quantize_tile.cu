@@ -107,9 +107,9 @@ struct Flags {
   bool vec_col;    // code rows of x^T allow 32-bit stores
 };
 
-// 16-byte vectors of a thread's patch (4 rows of 8 elements) in its stage slots of shared memory.
-template <typename T> constexpr int kStageVecs = kPatchRows * int(sizeof(Run<T, kPatchCols>) / 16);
-template <typename T> constexpr size_t kStageBytes = size_t(kStageVecs<T>) * 16 * kThreads;
+// 16-byte vectors of a patch row, and the CTA's stage: every thread's patch of the next tile.
+template <typename T> constexpr int kRowVecs = int(sizeof(Run<T, kPatchCols>) / 16);
+template <typename T> constexpr size_t kStageBytes = size_t(kPatchRows) * kRowVecs<T> * 16 * kThreads;
 
 template <typename T, Elem E, bool kSR, TileKind kKind>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -141,20 +141,23 @@ quantize_tile_kernel(const Args a, const Flags f) {
   const int B = kRowCol128 ? kTile : kHad ? kHadamardSize : a.spec.block_cols;
   // log2(B) (B is 16, 32 or 128): the block arithmetic below shifts and masks rather than divides.
   const int lgB = kRowCol128 ? 7 : kHad ? 4 : B == 16 ? 4 : B == 32 ? 5 : 7;
-  // The thread's stage slots: slot q of every thread side by side, so that a warp's 16-byte
-  // accesses are conflict-free.
+  // Tile t's first row and column.
+  const auto tile_row = [&](int64_t t) { return t / tiles_c * kTile; };
+  const auto tile_col = [&](int64_t t) { return t % tiles_c * kTile; };
+  // The thread's stage slot for vector q of patch row j: the same slot of every thread side by side,
+  // so that a warp's 16-byte accesses are conflict-free.
   uint4* const stage = dynamic_shared<uint4>() + threadIdx.x;
+  const auto stage_slot = [&](int j, int q) { return stage + (j * kRowVecs<T> + q) * kThreads; };
   // Starts the loads of the thread's patch of tile t into its stage slots; false where the patch is
   // not whole 16-byte vectors inside x (edge tiles, unaligned rows): that tile loads it directly.
   const auto stage_patch = [&](int64_t t) -> bool {
-    const int64_t pr = t / tiles_c * kTile + kPatchRows * rq, pc = t % tiles_c * kTile + kPatchCols * cc;
+    const int64_t pr = tile_row(t) + kPatchRows * rq, pc = tile_col(t) + kPatchCols * cc;
     if (!f.vec_in || pr + kPatchRows > a.rows || pc + kPatchCols > a.cols) return false;
-    constexpr int kVecs = kStageVecs<T> / kPatchRows;
 #pragma unroll
     for (int j = 0; j < kPatchRows; ++j)
 #pragma unroll
-      for (int q = 0; q < kVecs; ++q)
-        copy_async16(stage + (j * kVecs + q) * kThreads,
+      for (int q = 0; q < kRowVecs<T>; ++q)
+        copy_async16(stage_slot(j, q),
                      reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + (pr + j) * a.ld + pc) + q);
     return true;
   };
@@ -421,16 +424,15 @@ quantize_tile_kernel(const Args a, const Flags f) {
   // Grid-stride over tiles, the next tile's patch loading while this one is quantized.
   bool staged = stage_patch(blockIdx.x);
   for (int64_t tile = blockIdx.x; tile < f.tiles; tile += gridDim.x) {
-    const int64_t tile_r = tile / tiles_c * kTile, tile_c = tile % tiles_c * kTile;
+    const int64_t tile_r = tile_row(tile), tile_c = tile_col(tile);
     const int64_t r0 = tile_r + kPatchRows * rq, c0 = tile_c + kPatchCols * cc;
     Run<T, kPatchCols> v[kPatchRows];
     if (staged) {
       wait_async_copies();
-      constexpr int kVecs = kStageVecs<T> / kPatchRows;
 #pragma unroll
       for (int j = 0; j < kPatchRows; ++j)
 #pragma unroll
-        for (int q = 0; q < kVecs; ++q) v[j].raw[q] = stage[(j * kVecs + q) * kThreads];
+        for (int q = 0; q < kRowVecs<T>; ++q) v[j].raw[q] = *stage_slot(j, q);
     } else {
 #pragma unroll
       for (int j = 0; j < kPatchRows; ++j) {
