@@ -63,6 +63,16 @@ def round_to_codes(lib: ctypes.CDLL, bits: np.ndarray, elem: str, rand: np.ndarr
     return codes, values
 
 
+def add_rz(lib: ctypes.CDLL, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """float32 `add_rz(a, b)` (the sum rounded toward zero) of each pair."""
+    a, b = (np.ascontiguousarray(t, dtype=np.float32) for t in (a, b))
+    out = np.empty(a.shape, np.float32)
+    ptr = np.ctypeslib.ndpointer
+    lib.snip_add_rz.argtypes = [ptr(np.float32), ptr(np.float32), ctypes.c_int64, ptr(np.float32)]
+    lib.snip_add_rz(a, b, a.size, out)
+    return out
+
+
 def nvfp4_tensor_scales(lib: ctypes.CDLL, amax_bits: np.ndarray) -> np.ndarray:
     """float32 `nvfp4_tensor_scale` of each tensor amax bit pattern."""
     amax_bits = np.ascontiguousarray(amax_bits, dtype=np.uint32)

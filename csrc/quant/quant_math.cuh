@@ -79,6 +79,18 @@ SNIP_QM float sub_rn(float a, float b) {
 #endif
 }
 
+// a + b rounded toward zero, for finite a, b >= 0 with a finite sum. The host corrects the
+// round-to-nearest sum by its exact error (Knuth's TwoSum, exact under round to nearest): where
+// the nearest float lies above a + b, the next float down is the truncated one.
+SNIP_QM float add_rz(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rz(a, b);
+#else
+  const float s = a + b, bv = s - a, err = (a - (s - bv)) + (b - bv);
+  return err < 0.0f ? u2f(f2u(s) - 1u) : s;
+#endif
+}
+
 constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
 constexpr uint32_t kInfBits = 0x7F800000u;
 constexpr uint32_t kNaNBits = 0x7FC00000u;  // torch's float('nan')
@@ -177,31 +189,37 @@ SNIP_QM_CONSTEXPR float max_finite_of(Elem e) {
 // The code (sign included) of float32 `v` in format `f`; `sr` selects stochastic rounding with the
 // kSRBits random bits `rand`.
 //
-// SR works on the fixed-point value t * 2^16 (t = |v| / q as above): v's significand (with its
-// implicit bit; FP32 subnormals have none and the exponent of field 1) shifted right by
-// R - 16 = 7 - m, plus E's distance below emin for the first binade and subnormal targets. Its low
-// 16 bits are floor(frac(t) 2^16), the dropped bits the reference reads (those below are truncated,
-// as the reference's floor does); adding rand and shifting out 16 bits is k + carry. All integer.
+// SR adds rand to the 16 bits just below the kept LSB and truncates the rest, in a float32 bit
+// pattern whose kept LSB is bit 23 - m, where integer addition does the carrying: out of the
+// mantissa into the exponent field, as rounding up a binade's last value must.
+// * |v| >= 2^emin: v's own pattern. (pattern >> (23 - m)) is (efield << m) + the kept mantissa bits,
+//   so the code ((E - emin) << m) + k, k counting the implicit bit, is that minus (emin_field - 1) << m.
+// * |v| < 2^emin (subnormal targets; FP32 subnormals): the quantum is 2^(emin - m) throughout, and
+//   2^emin + |v| rounded toward zero is the pattern of the binade [2^emin, 2^(emin + 1)) whose mantissa
+//   is floor(|v| / 2^(emin - 23)): the same bits of |v| at the same places. The code is k itself,
+//   so the 2^emin added is taken off whole: minus emin_field << m.
+// Bits below the 16 fall off in both, as the reference's floor drops them. The general quantum
+// arithmetic (significand, variable shift, exponent offset) costs about twice the instructions.
 SNIP_QM uint32_t round_to_code(float v, const Format& f, bool sr, uint32_t rand) {
   const uint32_t bits = f2u(v);
   const uint32_t sign = (bits >> 31) << f.sign_shift;
   const uint32_t abs_bits = bits & kAbsMask;
-  if (abs_bits >= kInfBits) {  // reference: t = NaN -> NaN, except Inf kept where the format has it
-    return sign | (abs_bits == kInfBits && f.inf_code ? f.inf_code : f.nan_code);
+  // reference: t = NaN -> NaN, except Inf kept where the format has it
+  const uint32_t nonfinite_code = abs_bits == kInfBits && f.inf_code ? f.inf_code : f.nan_code;
+  if (sr) {  // selects, no branch: NaN and Inf patterns go through the sum harmlessly
+    const uint32_t emin_bits = uint32_t(f.emin_field) << 23;
+    const bool below = abs_bits < emin_bits;
+    const uint32_t x = below ? f2u(add_rz(u2f(abs_bits), u2f(emin_bits))) : abs_bits;
+    const uint32_t base = uint32_t(below ? f.emin_field : f.emin_field - 1) << f.man_bits;
+    const uint32_t code = ((x + (rand << (7 - f.man_bits))) >> (23 - f.man_bits)) - base;
+    return sign | (abs_bits >= kInfBits ? nonfinite_code : code < f.max_code ? code : f.max_code);
   }
+  if (abs_bits >= kInfBits) return sign | nonfinite_code;
   const int efield_in = int(abs_bits >> 23);
   const int efield = efield_in > f.emin_field ? efield_in : f.emin_field;
-  uint32_t k;
-  if (sr) {
-    const uint32_t sig = (abs_bits & 0x7FFFFFu) | (efield_in ? 0x800000u : 0u);
-    const int shift = (efield - (efield_in ? efield_in : 1)) + (7 - f.man_bits);
-    const uint32_t t16 = shift < 32 ? sig >> shift : 0u;
-    k = (t16 + rand) >> kSRBits;
-  } else {
-    // 1 / q = 2^(m - E): a power of two whose exponent field stays in [1, 254] for every format here.
-    const float inv_q = u2f(uint32_t(254 + f.man_bits - efield) << 23);
-    k = uint32_t(rintf(mul_rn(u2f(abs_bits), inv_q)));  // t exact; half to even, as torch.round
-  }
+  // 1 / q = 2^(m - E): a power of two whose exponent field stays in [1, 254] for every format here.
+  const float inv_q = u2f(uint32_t(254 + f.man_bits - efield) << 23);
+  const uint32_t k = uint32_t(rintf(mul_rn(u2f(abs_bits), inv_q)));  // t exact; half to even, as torch.round
   const uint32_t code = (uint32_t(efield - f.emin_field) << f.man_bits) + k;
   return sign | (code < f.max_code ? code : f.max_code);
 }

@@ -29,6 +29,11 @@ extern "C" void snip_round_to_codes(const uint32_t* bits, int64_t n, int elem, c
   }
 }
 
+// add_rz of each pair (a[i], b[i]).
+extern "C" void snip_add_rz(const float* a, const float* b, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = snip::quant::add_rz(a[i], b[i]);
+}
+
 // nvfp4_tensor_scale of each tensor amax (float32 bit patterns).
 extern "C" void snip_nvfp4_tensor_scales(const uint32_t* amax_bits, int64_t n, float* out) {
 #pragma omp parallel for

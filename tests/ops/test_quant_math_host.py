@@ -102,6 +102,36 @@ def test_stochastic_rounding_on_random_float32(lib, elem):
     assert np.array_equal(values.view(np.uint32), ref.numpy().view(np.uint32))
 
 
+def _sum_toward_zero(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a + b rounded toward zero in float32, from the float64 sum: for float32 a >= b >= 0 it differs from
+    the exact sum only below 29 bits under the float32 LSB, which cannot carry into it (b's significand spans 24
+    bits), so the nearest float32 of it, stepped down where it lies above, is the truncated exact sum."""
+    s = a.astype(np.float64) + b.astype(np.float64)
+    near = s.astype(np.float32)
+    above = near.astype(np.float64) > s
+    near[above] = np.nextafter(near[above], np.float32(0))
+    return near
+
+
+def test_sum_toward_zero(lib):
+    """add_rz, which SR uses below 2^emin on the host (the GPU has the instruction): every pair SR forms (each
+    format's 2^emin plus values below it, FP32 subnormals included) and random pairs of every magnitude."""
+    rng = np.random.default_rng(5)
+    a, b = [], []
+    for fmt in FORMATS.values():
+        below = rng.integers(0, np.float32(fmt.min_normal).view(np.uint32), size=1 << 16, dtype=np.uint32)
+        below[:4] = [0, 1, 0x7FFFFF, np.float32(fmt.min_normal).view(np.uint32) - 1]  # zero, subnormals, 2^emin-
+        a.append(below.view(np.float32))
+        b.append(np.full(below.size, fmt.min_normal, np.float32))
+    pairs = rng.integers(0, 0x7F000000, size=(2, 1 << 16), dtype=np.uint32).view(np.float32)
+    a.append(pairs.max(axis=0))
+    b.append(pairs.min(axis=0))
+    a, b = np.concatenate(a), np.concatenate(b)
+    got = host_twin.add_rz(lib, a, b)
+    assert np.array_equal(got.view(np.uint32), _sum_toward_zero(a, b).view(np.uint32))
+    assert np.array_equal(host_twin.add_rz(lib, b, a).view(np.uint32), got.view(np.uint32))  # either order
+
+
 def test_block_quotient_equals_division_for_bf16(lib):
     """quant_math.cuh's `quotient` (one reciprocal per block, a corrected product per element) is
     IEEE x / s for every BF16 significand x every float32 scale significand."""
