@@ -135,7 +135,7 @@ class SnipLinear(nn.Linear):
         if _tp_style(self.weight) is not None:
             from .tensor_parallel import sharded_linear
 
-            return sharded_linear(x, self.weight, self.bias, self.precision, seed=self.seed, offset=offset,
+            return sharded_linear(x, self.weight, self.bias, self.precision, seed=self.sr_seed, offset=offset,
                                   emulate=self.emulate, name=self.name)
         return linear(x, self.weight, self.bias, self.precision, seed=self.sr_seed, offset=offset, emulate=self.emulate,
                       wgrad_into=main_grad, weight_reuse=self.weight_reuse)

@@ -263,7 +263,7 @@ class _ShardedLinear(torch.autograd.Function):
         return dx, dw, db, None, None, None, None
 
 
-def sharded_linear(x, weight: DTensor, bias, precision: LinearPrecision, *, seed: int, offset: torch.Tensor,
+def sharded_linear(x, weight: DTensor, bias, precision: LinearPrecision, *, seed: torch.Tensor | int, offset: torch.Tensor,
                    emulate: bool, name: str = "") -> DTensor:
     """`snip_ops.linear` of a tensor-parallel layer (see the module docstring). `x`: a DTensor in the
     layout the style gives the layer's input (colwise: replicated; rowwise: sharded on its last
@@ -298,7 +298,7 @@ def sharded_linear(x, weight: DTensor, bias, precision: LinearPrecision, *, seed
     shards = _Shards(style, mesh.get_group(), (n, k), start)
     if _needs_sharded_path(precision, shards):
         lead = x_local.shape[:-1]
-        y2 = _ShardedLinear.apply(x_local.reshape(-1, x_local.shape[-1]), w_local, b_local, precision, seed,
+        y2 = _ShardedLinear.apply(x_local.reshape(-1, x_local.shape[-1]), w_local, b_local, precision, int(seed),
                                   int(offset), shards)
         y_local = y2.reshape(*lead, w_local.shape[0])
     else:
