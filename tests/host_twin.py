@@ -20,7 +20,8 @@ from native_build import cached_library, host_toolchain
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [Path(__file__).parent / "native" / "quant_math_capi.cpp", ROOT / "csrc" / "quant" / "quant_math.cuh",
-           ROOT / "csrc" / "quant" / "quantize.h"]
+           ROOT / "csrc" / "quant" / "quantize.h", ROOT / "csrc" / "optim" / "adamw_math.cuh",
+           ROOT / "csrc" / "optim" / "adamw.h"]
 ELEM = {"e4m3": 0, "e5m2": 1, "e2m1": 2}
 SCALE_KIND = {"fp32": 0, "pow2": 1, "e8m0": 2, "nvfp4": 3}
 
@@ -70,6 +71,18 @@ def add_rz(lib: ctypes.CDLL, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     ptr = np.ctypeslib.ndpointer
     lib.snip_add_rz.argtypes = [ptr(np.float32), ptr(np.float32), ctypes.c_int64, ptr(np.float32)]
     lib.snip_add_rz(a, b, a.size, out)
+    return out
+
+
+def bf16_round(lib: ctypes.CDLL, bits: np.ndarray, rand: np.ndarray | None = None) -> np.ndarray:
+    """uint16 BF16 bits of AdamW's write-back of each float32 bit pattern: `bf16_sr` with one 16-bit random
+    value per element when `rand` is given, else `bf16_rne`."""
+    bits = np.ascontiguousarray(bits, dtype=np.uint32)
+    out = np.empty(bits.shape, np.uint16)
+    ptr = np.ctypeslib.ndpointer
+    lib.snip_bf16_round.argtypes = [ptr(np.uint32), ctypes.c_int64, ctypes.c_void_p, ptr(np.uint16)]
+    w = None if rand is None else np.ascontiguousarray(rand, dtype=np.uint32)
+    lib.snip_bf16_round(bits, bits.size, None if w is None else w.ctypes.data, out)
     return out
 
 

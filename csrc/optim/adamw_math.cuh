@@ -23,24 +23,22 @@ constexpr uint16_t kBF16NaN = 0x7FFF;  // what the GPU's float -> bf16 conversio
 
 // cast.round_to_format(x, BF16, SR, rand) as BF16 bits: add the element's 16 random bits
 // (quant::element_bits) to the 16 bits below the kept mantissa and truncate (FP32 subnormals too:
-// BF16 shares FP32's emin); saturate at the largest finite BF16; Inf stays Inf.
+// BF16 shares FP32's emin); saturate at the largest finite BF16; Inf stays Inf. NaN and Inf take the
+// one branch and saturation is a select: the compiler then predicates the whole rounding; selecting
+// NaN and Inf too kept more values live than the AdamW kernel's register cap allows (check_sass.sh).
 SNIP_QM uint16_t bf16_sr(float x, uint32_t rand) {
   const uint32_t u = quant::f2u(x), a = u & quant::kAbsMask;
-  if (a > quant::kInfBits) return kBF16NaN;
-  if (a == quant::kInfBits) return uint16_t(u >> 16);
-  uint32_t r = (a + rand) & 0xFFFF0000u;
-  if (r >= quant::kInfBits) r = 0x7F7F0000u;
-  return uint16_t(((u & 0x80000000u) | r) >> 16);
+  if (a >= quant::kInfBits) return a == quant::kInfBits ? uint16_t(u >> 16) : kBF16NaN;
+  const uint32_t r = (a + rand) & 0xFFFF0000u;
+  return uint16_t(((u & 0x80000000u) | (r < quant::kInfBits ? r : 0x7F7F0000u)) >> 16);
 }
 
 // cast.round_to_format(x, BF16, RNE) as BF16 bits, saturating as above.
 SNIP_QM uint16_t bf16_rne(float x) {
   const uint32_t u = quant::f2u(x), a = u & quant::kAbsMask;
-  if (a > quant::kInfBits) return kBF16NaN;
-  if (a == quant::kInfBits) return uint16_t(u >> 16);
-  uint32_t r = (a + 0x7FFFu + ((a >> 16) & 1u)) & 0xFFFF0000u;
-  if (r >= quant::kInfBits) r = 0x7F7F0000u;
-  return uint16_t(((u & 0x80000000u) | r) >> 16);
+  if (a >= quant::kInfBits) return a == quant::kInfBits ? uint16_t(u >> 16) : kBF16NaN;
+  const uint32_t r = (a + 0x7FFFu + ((a >> 16) & 1u)) & 0xFFFF0000u;
+  return uint16_t(((u & 0x80000000u) | (r < quant::kInfBits ? r : 0x7F7F0000u)) >> 16);
 }
 
 SNIP_QM float bf16_to_float(uint16_t h) { return quant::u2f(uint32_t(h) << 16); }

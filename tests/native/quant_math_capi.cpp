@@ -2,6 +2,7 @@
 // with ctypes): the quantizer kernels' own scale arithmetic, checked against snip_ops.reference.
 #include <cstdint>
 
+#include "optim/adamw_math.cuh"
 #include "quant/quant_math.cuh"
 
 using snip::quant::Elem;
@@ -32,6 +33,16 @@ extern "C" void snip_round_to_codes(const uint32_t* bits, int64_t n, int elem, c
 // add_rz of each pair (a[i], b[i]).
 extern "C" void snip_add_rz(const float* a, const float* b, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = snip::quant::add_rz(a[i], b[i]);
+}
+
+// AdamW's BF16 write-back of each float32 bit pattern: bf16_sr with rand[i] (16 bits), or bf16_rne
+// where `rand` is null.
+extern "C" void snip_bf16_round(const uint32_t* bits, int64_t n, const uint32_t* rand, uint16_t* out) {
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = snip::quant::u2f(bits[i]);
+    out[i] = rand ? snip::optim::bf16_sr(x, rand[i]) : snip::optim::bf16_rne(x);
+  }
 }
 
 // nvfp4_tensor_scale of each tensor amax (float32 bit patterns).

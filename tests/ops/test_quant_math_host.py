@@ -6,7 +6,9 @@ compiled for the host, against the PyTorch reference (snip_ops.cast.round_to_for
 * decoding of every code;
 * stochastic rounding on sampled inputs (every binade of each format, subnormal targets, ties, the
   saturation edge) x every 16-bit random value, and on random float32 patterns;
-* the per-block division (`quotient`) against IEEE division on every 16-bit-float significand.
+* the per-block division (`quotient`) against IEEE division on every 16-bit-float significand;
+* AdamW's BF16 write-back (csrc/optim/adamw_math.cuh: bf16_rne, bf16_sr) on every upper half of a float32
+  pattern with the lower halves where rounding turns.
 """
 
 import numpy as np
@@ -15,7 +17,7 @@ import torch
 
 import host_twin
 from snip_ops.cast import decode, encode, round_to_format
-from snip_ops.formats import E2M1, E4M3, E5M2, Rounding
+from snip_ops.formats import BF16, E2M1, E4M3, E5M2, Rounding
 from snip_ops.philox import SR_BITS
 
 FORMATS = {"e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
@@ -157,3 +159,24 @@ def test_block_quotient_edges(lib):
         for rand in (None, np.full(2, (1 << SR_BITS) - 1, np.uint32)):
             codes, _ = host_twin.round_to_codes(lib, tiny, elem, rand)
             assert codes.tolist() == [0, 1 << (fmt.bits - 1)], (elem, rand)
+
+
+@pytest.mark.parametrize("rounding", [Rounding.RNE, Rounding.SR])
+def test_bf16_write_back(lib, rounding):
+    """bf16_rne / bf16_sr against cast.round_to_format(BF16): every upper 16 bits (both signs, subnormals,
+    the saturation edge, Inf, NaN) with lower halves at and around the rounding points and random ones; SR
+    with random bits and the extreme ones. NaN: the kernel's own quiet NaN, as the AdamW tests accept."""
+    rng = np.random.default_rng(3)
+    lows = np.array([0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF], np.uint32)
+    lows = np.concatenate([lows, rng.integers(0, 1 << 16, size=10, dtype=np.uint32)])
+    bits = ((np.arange(1 << 16, dtype=np.uint32)[:, None] << np.uint32(16)) | lows[None, :]).reshape(-1)
+    rand = None
+    if rounding == Rounding.SR:
+        rand = rng.integers(0, 1 << SR_BITS, size=bits.size, dtype=np.uint32)
+        rand[::7], rand[1::7] = 0, (1 << SR_BITS) - 1
+    got = host_twin.bf16_round(lib, bits, rand)
+    ref = round_to_format(_floats(bits), BF16, rounding, None if rand is None else torch.from_numpy(rand.astype(np.int64)))
+    want = ref.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    nan = np.isnan(ref.numpy())
+    assert np.all(got[nan] == 0x7FFF)
+    assert np.array_equal(got[~nan], want[~nan])
