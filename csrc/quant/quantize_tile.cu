@@ -332,6 +332,19 @@ quantize_tile_kernel(const Args a, const Flags f) {
         return Divisor{d.s, d.r};
       }
     };
+    // SR's column codes skip two branches per element where every column divisor of the patch is finite
+    // and (16-bit inputs) holds its reciprocal, as nearly always: one check per patch instead.
+    bool cols_fast = false;
+    if constexpr (kSR) {
+      if (cols_out && !codes_shared) {
+        cols_fast = true;
+#pragma unroll
+        for (int i = 0; i < kPatchCols; ++i) {
+          const Divisor d = col_divisor(i);
+          cols_fast = cols_fast && fabsf(d.s) < INFINITY && (!kColReciprocal || d.r != 0.0f);
+        }
+      }
+    }
 #pragma unroll
     for (int j = 0; j < kPatchRows; ++j) {
       uint32_t w[kPatchCols / 2] = {};
@@ -365,12 +378,20 @@ quantize_tile_kernel(const Args a, const Flags f) {
           // T x has a row for each row of the padded x (its SR index runs over them).
           const int64_t sr_rows = kHad ? a.col.inner_store : a.rows;
           if (!same_bits && r0 + j < sr_rows) run_bits<kPatchCols>(w, r0 + j, c0, a.cols, a.seed, a.col.offset);
+          const auto col_codes = [&]<bool kFast>() {
 #pragma unroll
-          for (int i = 0; i < kPatchCols; ++i) {
-            const Divisor d = col_divisor(i);
-            if (!(fabsf(d.s) < INFINITY)) continue;
-            const float q = kColReciprocal ? quotient(col_value(j, i), d) : div_rn(col_value(j, i), d.s);
-            tcol[i] |= round_to_code(q, format_of(E), true, bits_of(w, i)) << (j * kBits);
+            for (int i = 0; i < kPatchCols; ++i) {
+              const Divisor d = col_divisor(i);
+              if (!kFast && !(fabsf(d.s) < INFINITY)) continue;
+              const float x = col_value(j, i);
+              const float q = !kColReciprocal ? div_rn(x, d.s) : kFast ? reciprocal_quotient(x, d) : quotient(x, d);
+              tcol[i] |= round_to_code(q, format_of(E), true, bits_of(w, i)) << (j * kBits);
+            }
+          };
+          if (cols_fast) {
+            col_codes.template operator()<true>();
+          } else {
+            col_codes.template operator()<false>();
           }
         }
       }
