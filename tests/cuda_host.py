@@ -17,6 +17,11 @@ missing, and fails it where the build requires the extension (SNIP_REQUIRE_EXT=1
 nvcc exists). Built once per source version into a cache directory, with -ffp-contract=off (no
 fused a*b+c that the reference lacks) and -fno-strict-aliasing (the kernels reinterpret vectors as
 nvcc allows).
+
+With SNIP_HOST_SHIM_ASAN=1 the kernels are built with AddressSanitizer instead (a library of its
+own), so that a kernel's read or write outside any buffer, or past the end of a tensor's allocation,
+stops the test with a report: what a GPU would do silently, or not at all. The Python process must
+then preload the sanitizer's runtime; scripts/asan_kernels.sh does it.
 """
 
 from __future__ import annotations
@@ -49,6 +54,11 @@ COMMON_FLAGS = ["-std=c++20", "-O2", "-ffp-contract=off", "-fno-strict-aliasing"
                 "-DSNIP_WITH_CUDA=1", "-DSNIP_CUDA_HOST_SHIM"]
 # Kernel sources: the shim ahead of everything, and the checks that stand in for GPU faults.
 KERNEL_FLAGS = ["-include", str(SHIM_HEADER), "-fsanitize=alignment,null,bounds", "-Wno-unknown-pragmas", "-x", "c++"]
+ASAN = os.environ.get("SNIP_HOST_SHIM_ASAN") == "1"
+if ASAN:  # compile and link flags alike
+    # _GLIBCXX_SANITIZE_VECTOR: a std::vector's capacity past its size (the shim's dynamic shared memory,
+    # reused across launches) counts as outside it
+    COMMON_FLAGS = [*COMMON_FLAGS, "-fsanitize=address", "-fno-omit-frame-pointer", "-D_GLIBCXX_SANITIZE_VECTOR"]
 
 DTYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 ELEM = {"e4m3": 0, "e5m2": 1, "e2m1": 2}
@@ -71,7 +81,8 @@ def _build(cxx: str, include: Path, lib: Path) -> None:
                     raise RuntimeError(f"building the host shim failed:\n{' '.join(r.args)}\n{r.stderr[-6000:]}")
         # -Bsymbolic: the kernels' cudaGetLastError is the shim's, even where torch has loaded libcudart.
         objects = sorted(str(o) for o in work.glob("*.o"))
-        link = [cxx, "-shared", "-Wl,-z,defs", "-Wl,-Bsymbolic", *objects, "-o", str(lib)]
+        link = [cxx, "-shared", "-Wl,-z,defs", "-Wl,-Bsymbolic", *(COMMON_FLAGS if ASAN else []), *objects, "-o",
+                str(lib)]
         r = subprocess.run(link, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"linking the host shim failed:\n{r.stderr[-6000:]}")

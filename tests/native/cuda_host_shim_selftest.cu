@@ -35,6 +35,14 @@ __global__ void dynamic_shared_memory_per_block(uint32_t* out) {
   slot[threadIdx.x] = threadIdx.x;
 }
 
+// The last thread writes one slot past the launch's dynamic shared memory: what only the AddressSanitizer
+// build of the shim (tests/cuda_host.py) stops; a GPU would corrupt or fault unseen.
+__global__ void dynamic_shared_memory_overrun(uint32_t* out) {
+  uint32_t* slot = snip::dynamic_shared<uint32_t>();
+  slot[threadIdx.x + (threadIdx.x == kThreads - 1)] = threadIdx.x;
+  out[threadIdx.x] = 0;
+}
+
 // out[t] = t ^ 5 from lane t ^ 5.
 __global__ void xor_shuffle(uint32_t* out) {
   out[threadIdx.x] = __shfl_xor_sync(0xFFFFFFFFu, uint32_t(threadIdx.x), 5);
@@ -110,6 +118,7 @@ extern "C" int snip_cuda_host_selftest(const char* name, int blocks, uint32_t* o
       {"neighbour_through_dynamic_shared_memory", neighbour_through_dynamic_shared_memory, kSlots},
       {"dynamic_shared_memory_per_block", dynamic_shared_memory_per_block, kSlots},
       {"too_much_dynamic_shared_memory", neighbour_through_dynamic_shared_memory, size_t(228) << 10},
+      {"dynamic_shared_memory_overrun", dynamic_shared_memory_overrun, kSlots},
       {"xor_shuffle", xor_shuffle, 0},
       {"barrier_after_early_exit", barrier_after_early_exit, 0},
       {"unwritten_shared_memory", unwritten_shared_memory, 0},
