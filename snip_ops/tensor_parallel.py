@@ -263,8 +263,8 @@ class _ShardedLinear(torch.autograd.Function):
         return dx, dw, db, None, None, None, None
 
 
-def sharded_linear(x, weight: DTensor, bias, precision: LinearPrecision, *, seed: torch.Tensor | int, offset: torch.Tensor,
-                   emulate: bool, name: str = "") -> DTensor:
+def sharded_linear(x, weight: DTensor, bias, precision: LinearPrecision, *, seed: torch.Tensor | int,
+                   offset: torch.Tensor, emulate: bool, name: str = "") -> DTensor:
     """`snip_ops.linear` of a tensor-parallel layer (see the module docstring). `x`: a DTensor in the
     layout the style gives the layer's input (colwise: replicated; rowwise: sharded on its last
     dimension); returns y as a DTensor (colwise: sharded on its last dimension; rowwise: Partial, or

@@ -13,7 +13,8 @@ import cuda_host
 
 TESTS = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(not cuda_host.ASAN, reason="only in the AddressSanitizer build (scripts/asan_kernels.sh)")
+pytestmark = pytest.mark.skipif(not cuda_host.ASAN,
+                                reason="only in the AddressSanitizer build (scripts/asan_kernels.sh)")
 
 
 def _selftest(name: str) -> subprocess.CompletedProcess:

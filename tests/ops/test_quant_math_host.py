@@ -175,7 +175,8 @@ def test_bf16_write_back(lib, rounding):
         rand = rng.integers(0, 1 << SR_BITS, size=bits.size, dtype=np.uint32)
         rand[::7], rand[1::7] = 0, (1 << SR_BITS) - 1
     got = host_twin.bf16_round(lib, bits, rand)
-    ref = round_to_format(_floats(bits), BF16, rounding, None if rand is None else torch.from_numpy(rand.astype(np.int64)))
+    bits_tensor = None if rand is None else torch.from_numpy(rand.astype(np.int64))
+    ref = round_to_format(_floats(bits), BF16, rounding, bits_tensor)
     want = ref.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     nan = np.isnan(ref.numpy())
     assert np.all(got[nan] == 0x7FFF)
