@@ -129,23 +129,24 @@ __device__ __forceinline__ uint32_t run_max_bits(const Run<T, N>& v) {
 // one Philox block serves 8 elements; otherwise the blocks straddle rows and each element takes its
 // own. Bits past `cols` are never used (their elements are zero padding, which rounds to 0 whatever
 // the bits).
-template <int N>
-__device__ __forceinline__ void run_bits(uint32_t (&w)[N / 2], int64_t row, int64_t c0, int64_t cols, uint64_t seed,
+// `key`: the seed, or its round keys (PhiloxKey) where the kernel has them precomputed.
+template <int N, typename Key>
+__device__ __forceinline__ void run_bits(uint32_t (&w)[N / 2], int64_t row, int64_t c0, int64_t cols, const Key& key,
                                          uint64_t offset) {
   static_assert(N % kElemsPerBlock == 0, "runs are whole Philox blocks");
   const uint64_t base = uint64_t(row) * uint64_t(cols) + uint64_t(c0);
   if (cols % kElemsPerBlock == 0) {
 #pragma unroll
     for (int g = 0; g < N / kElemsPerBlock; ++g) {
-      const Words pw = philox(base / kElemsPerBlock + g, seed, offset);
+      const Words pw = philox(base / kElemsPerBlock + g, key, offset);
 #pragma unroll
       for (int k = 0; k < 4; ++k) w[4 * g + k] = pw.w[k];
     }
   } else {
 #pragma unroll
     for (int k = 0; k < N / 2; ++k) {
-      const uint32_t lo = c0 + 2 * k < cols ? element_bits(base + 2 * k, seed, offset) : 0u;
-      const uint32_t hi = c0 + 2 * k + 1 < cols ? element_bits(base + 2 * k + 1, seed, offset) : 0u;
+      const uint32_t lo = c0 + 2 * k < cols ? element_bits(base + 2 * k, key, offset) : 0u;
+      const uint32_t hi = c0 + 2 * k + 1 < cols ? element_bits(base + 2 * k + 1, key, offset) : 0u;
       w[k] = lo | (hi << 16);
     }
   }
@@ -187,6 +188,13 @@ __device__ __forceinline__ void run_codes(uint32_t (&out)[N * kCodeBits<E> / 32]
       out[i / kPerWord] |= c2 << (kBits * (i % kPerWord));
     }
   });
+}
+
+// `a` with the Philox round keys of its seed (Args::key), for a kernel that reads them.
+inline Args keyed(const Args& a) {
+  Args b = a;
+  b.key = philox_key(a.seed);
+  return b;
 }
 
 // The NVFP4 tensor scale from the device tensor amax (1 for other scale kinds, where it is unused).

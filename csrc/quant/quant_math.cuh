@@ -112,7 +112,40 @@ SNIP_QM void mulhilo(uint32_t a, uint32_t m, uint32_t& hi, uint32_t& lo) {
 #endif
 }
 
-// The four words of counter block `block` (= element index / 8) under (seed, offset).
+// The round keys under `seed`: round r XORs in (lo32(seed) + r 0x9E3779B9, hi32(seed) + r 0xBB67AE85).
+// Kernels read them precomputed from their launch arguments (constant memory), so that no thread adds
+// them up again for each Philox block it draws.
+SNIP_QM PhiloxKey philox_key(uint64_t seed) {
+  PhiloxKey key{};
+  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    key.k[r][0] = k0;
+    key.k[r][1] = k1;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return key;
+}
+
+// The four words of counter block `block` (= element index / 8) under (key, offset).
+SNIP_QM Words philox(uint64_t block, const PhiloxKey& key, uint64_t offset) {
+  uint32_t c0 = uint32_t(block), c1 = uint32_t(block >> 32), c2 = uint32_t(offset), c3 = uint32_t(offset >> 32);
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    uint32_t hi0, lo0, hi1, lo1;
+    mulhilo(c0, 0xD2511F53u, hi0, lo0);
+    mulhilo(c2, 0xCD9E8D57u, hi1, lo1);
+    const uint32_t n0 = hi1 ^ c1 ^ key.k[r][0], n2 = hi0 ^ c3 ^ key.k[r][1];
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+  }
+  return Words{{c0, c1, c2, c3}};
+}
+
+// The same from the seed, the keys added up round by round: what the kernels without precomputed keys and
+// the host use (nvcc schedules these kernels' registers better from this form).
 SNIP_QM Words philox(uint64_t block, uint64_t seed, uint64_t offset) {
   uint32_t c0 = uint32_t(block), c1 = uint32_t(block >> 32), c2 = uint32_t(offset), c3 = uint32_t(offset >> 32);
   uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
@@ -147,6 +180,10 @@ SNIP_QM uint32_t block_bits(const Words& w, int j) {
 }
 
 // The SR bits of element `index` (its linear index in the unpadded, untransposed input).
+SNIP_QM uint32_t element_bits(uint64_t index, const PhiloxKey& key, uint64_t offset) {
+  return block_bits(philox(index >> 3, key, offset), int(index & 7));
+}
+
 SNIP_QM uint32_t element_bits(uint64_t index, uint64_t seed, uint64_t offset) {
   return block_bits(philox(index >> 3, seed, offset), int(index & 7));
 }

@@ -44,12 +44,19 @@ struct Output {
   uint64_t offset = 0;       // Philox offset of this output's SR bits
 };
 
+// Philox4x32-10's ten round keys under one seed (quant_math.cuh, philox_key).
+struct PhiloxKey {
+  uint32_t k[10][2];
+};
+
 struct Args {
   const void* x;             // [rows, cols], unit stride along cols
   InputDType dtype;
   int64_t rows, cols, ld;    // ld: row stride of x, elements
   Spec spec;
   uint64_t seed;
+  PhiloxKey key{};           // philox_key(seed), for the kernels that read it: their launchers fill it
+                             // (quant_io.cuh, `keyed`)
   Output row, col;
   const float* tensor_amax;  // NVFP4: device float32 tensor amax (read by the kernels, no host sync)
   float* tensor_scale;       // NVFP4: device float32 written with the tensor scale

@@ -64,7 +64,7 @@ quantize_rows_kernel(const Args a, const bool vec_in, const bool vec_out) {
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
       uint32_t w[kElemsPerBlock / 2];
-      run_bits<kElemsPerBlock>(w, row, c0 + g * kElemsPerBlock, a.cols, a.seed, o.offset);
+      run_bits<kElemsPerBlock>(w, row, c0 + g * kElemsPerBlock, a.cols, a.key, o.offset);
       Run<T, kElemsPerBlock> part;
 #pragma unroll
       for (int q = 0; q < kGroupRaw; ++q) part.raw[q] = v.raw[g * kGroupRaw + q];
@@ -105,7 +105,8 @@ cudaError_t launch(const Args& a, cudaStream_t stream) {
   const bool vec_in = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && (a.ld * int64_t(sizeof(T))) % 16 == 0;
   constexpr int kVecBytes = std::min(kRun * kCodeBits<E> / 8, 16);  // one store's bytes
   const bool vec_out = reinterpret_cast<uintptr_t>(a.row.codes) % kVecBytes == 0 && a.row.ld % kVecBytes == 0;
-  launch_kernel(quantize_rows_kernel<T, E, kSR, kRun>, unsigned(ctas), kThreads, 0, stream, a, vec_in, vec_out);
+  launch_kernel(quantize_rows_kernel<T, E, kSR, kRun>, unsigned(ctas), kThreads, 0, stream, keyed(a), vec_in,
+                vec_out);
   return cudaGetLastError();
 }
 
