@@ -112,53 +112,35 @@ SNIP_QM void mulhilo(uint32_t a, uint32_t m, uint32_t& hi, uint32_t& lo) {
 #endif
 }
 
-// The round keys under `seed`: round r XORs in (lo32(seed) + r 0x9E3779B9, hi32(seed) + r 0xBB67AE85).
-// Kernels read them precomputed from their launch arguments (constant memory), so that no thread adds
-// them up again for each Philox block it draws.
+// Round r's key pair (i = 0, 1) under `seed`: (lo32(seed) + r 0x9E3779B9, hi32(seed) + r 0xBB67AE85),
+// or read from the precomputed PhiloxKey. With r a compile-time constant (the rounds are unrolled) the
+// seed form is one addition per key.
+SNIP_QM uint32_t round_key(uint64_t seed, int r, int i) {
+  return i ? uint32_t(seed >> 32) + uint32_t(r) * 0xBB67AE85u : uint32_t(seed) + uint32_t(r) * 0x9E3779B9u;
+}
+SNIP_QM uint32_t round_key(const PhiloxKey& key, int r, int i) { return key.k[r][i]; }
+
+// All ten round keys under `seed`, computed once (on the host) for kernels that read them from their
+// launch arguments (constant memory) rather than add them up again for each Philox block they draw.
 SNIP_QM PhiloxKey philox_key(uint64_t seed) {
   PhiloxKey key{};
-  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
-  for (int r = 0; r < 10; ++r) {
-    key.k[r][0] = k0;
-    key.k[r][1] = k1;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
+  for (int r = 0; r < 10; ++r)
+    for (int i = 0; i < 2; ++i) key.k[r][i] = round_key(seed, r, i);
   return key;
 }
 
-// The four words of counter block `block` (= element index / 8) under (key, offset).
-SNIP_QM Words philox(uint64_t block, const PhiloxKey& key, uint64_t offset) {
+// The four words of counter block `block` (= element index / 8) under (key, offset); `key`: the seed
+// or its PhiloxKey. The row quantizer takes the latter; the other kernels and the host the seed (with
+// the keys in the arguments nvcc scheduled the tile quantizer's registers worse).
+template <typename Key>
+SNIP_QM Words philox(uint64_t block, const Key& key, uint64_t offset) {
   uint32_t c0 = uint32_t(block), c1 = uint32_t(block >> 32), c2 = uint32_t(offset), c3 = uint32_t(offset >> 32);
 #pragma unroll
   for (int r = 0; r < 10; ++r) {
     uint32_t hi0, lo0, hi1, lo1;
     mulhilo(c0, 0xD2511F53u, hi0, lo0);
     mulhilo(c2, 0xCD9E8D57u, hi1, lo1);
-    const uint32_t n0 = hi1 ^ c1 ^ key.k[r][0], n2 = hi0 ^ c3 ^ key.k[r][1];
-    c0 = n0;
-    c1 = lo1;
-    c2 = n2;
-    c3 = lo0;
-  }
-  return Words{{c0, c1, c2, c3}};
-}
-
-// The same from the seed, the keys added up round by round: what the kernels without precomputed keys and
-// the host use (nvcc schedules these kernels' registers better from this form).
-SNIP_QM Words philox(uint64_t block, uint64_t seed, uint64_t offset) {
-  uint32_t c0 = uint32_t(block), c1 = uint32_t(block >> 32), c2 = uint32_t(offset), c3 = uint32_t(offset >> 32);
-  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
-#pragma unroll
-  for (int r = 0; r < 10; ++r) {
-    if (r) {
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    uint32_t hi0, lo0, hi1, lo1;
-    mulhilo(c0, 0xD2511F53u, hi0, lo0);
-    mulhilo(c2, 0xCD9E8D57u, hi1, lo1);
-    const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    const uint32_t n0 = hi1 ^ c1 ^ round_key(key, r, 0), n2 = hi0 ^ c3 ^ round_key(key, r, 1);
     c0 = n0;
     c1 = lo1;
     c2 = n2;
@@ -179,13 +161,10 @@ SNIP_QM uint32_t block_bits(const Words& w, int j) {
   return (j & 1) ? word >> 16 : word & 0xFFFFu;
 }
 
-// The SR bits of element `index` (its linear index in the unpadded, untransposed input).
-SNIP_QM uint32_t element_bits(uint64_t index, const PhiloxKey& key, uint64_t offset) {
+// The SR bits of element `index` (its linear index in the unpadded, untransposed input); `key` as in philox.
+template <typename Key>
+SNIP_QM uint32_t element_bits(uint64_t index, const Key& key, uint64_t offset) {
   return block_bits(philox(index >> 3, key, offset), int(index & 7));
-}
-
-SNIP_QM uint32_t element_bits(uint64_t index, uint64_t seed, uint64_t offset) {
-  return block_bits(philox(index >> 3, seed, offset), int(index & 7));
 }
 
 // ---- element formats (snip_ops/formats.py) ------------------------------------------------------
